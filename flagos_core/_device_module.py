@@ -1,0 +1,216 @@
+"""`torch.flagos`: the device module, mirroring `torch.cuda`."""
+
+import contextlib
+
+import torch
+
+from . import _C
+
+_BACKEND = "flagos"
+
+
+def _index(device=None):
+    """Device index from None / int / str / torch.device, checked."""
+    if device is None:
+        return _C._current_device()
+    if isinstance(device, int):
+        index = device
+    else:
+        device = torch.device(device)
+        if device.type != _BACKEND:
+            raise ValueError(f"expected a flagos device, got {device}")
+        index = _C._current_device() if device.index is None else device.index
+    _C._check_device(index)
+    return index
+
+
+def is_available():
+    return _C._device_count() > 0
+
+
+def is_initialized():
+    return _C._has_runtime()
+
+
+def _is_in_bad_fork():
+    return False
+
+
+def _lazy_init():
+    pass
+
+
+def device_count():
+    return _C._device_count()
+
+
+def current_device():
+    return _C._current_device()
+
+
+def set_device(device):
+    _C._set_device(_index(device))
+
+
+class device:
+    """Context manager that makes `device` current for its block."""
+
+    def __init__(self, device):
+        self.index = _index(device)
+        self.previous = None
+
+    def __enter__(self):
+        self.previous = _C._current_device()
+        _C._set_device(self.index)
+
+    def __exit__(self, *exc):
+        _C._set_device(self.previous)
+        return False
+
+
+def synchronize(device=None):
+    _C._synchronize(_index(device))
+
+
+def get_device_name(device=None):
+    return _C._device_properties(_index(device))[0]
+
+
+class _DeviceProperties:
+    def __init__(self, name, total_memory, major, minor, multi_processor_count):
+        self.name = name
+        self.total_memory = total_memory
+        self.major = major
+        self.minor = minor
+        self.multi_processor_count = multi_processor_count
+
+    def __repr__(self):
+        return (f"_FlagosDeviceProperties(name='{self.name}', total_memory={self.total_memory}, "
+                f"major={self.major}, minor={self.minor}, multi_processor_count={self.multi_processor_count})")
+
+
+def get_device_properties(device=None):
+    return _DeviceProperties(*_C._device_properties(_index(device)))
+
+
+def get_device_capability(device=None):
+    props = get_device_properties(device)
+    return props.major, props.minor
+
+
+def get_amp_supported_dtype():
+    return [torch.float16, torch.bfloat16]
+
+
+# Streams and events are torch's generic ones on the flagos device.
+class Stream(torch.Stream):
+    def __new__(cls, device=None, priority=0, **kwargs):
+        if "stream_id" in kwargs:
+            return super().__new__(cls, **kwargs)
+        return super().__new__(cls, device=torch.device(_BACKEND, _index(device)), priority=priority)
+
+
+class Event(torch.Event):
+    def __new__(cls, enable_timing=False, blocking=False, interprocess=False):
+        return super().__new__(
+            cls, device=torch.device(_BACKEND, _C._current_device()), enable_timing=enable_timing,
+            blocking=blocking, interprocess=interprocess)
+
+
+def current_stream(device=None):
+    return torch.accelerator.current_stream(torch.device(_BACKEND, _index(device)))
+
+
+def set_stream(stream):
+    torch.accelerator.set_stream(stream)
+
+
+@contextlib.contextmanager
+def stream(s):
+    """Make `s` the current stream of its device for the block."""
+    if s is None:
+        yield
+        return
+    previous = current_stream(s.device)
+    torch.accelerator.set_stream(s)
+    try:
+        yield s
+    finally:
+        torch.accelerator.set_stream(previous)
+
+
+# Random numbers: one default generator per device.
+def _generator(device=None):
+    return _C._default_generator(_index(device))
+
+
+def manual_seed(seed):
+    _generator().manual_seed(int(seed))
+
+
+def manual_seed_all(seed):
+    for i in range(device_count()):
+        _generator(i).manual_seed(int(seed))
+
+
+def seed():
+    _generator().seed()
+
+
+def seed_all():
+    for i in range(device_count()):
+        _generator(i).seed()
+
+
+def initial_seed():
+    return _generator().initial_seed()
+
+
+def get_rng_state(device=None):
+    return _generator(device).get_state()
+
+
+def set_rng_state(new_state, device=None):
+    _generator(device).set_state(new_state)
+
+
+def get_rng_state_all():
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states):
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
+
+
+# Memory: statistics of the runtime's allocator, per device.
+def memory_stats(device=None):
+    return dict(sorted(_C._memory_stats(_index(device)).items()))
+
+
+def memory_allocated(device=None):
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device=None):
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device=None):
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device=None):
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device=None):
+    _C._reset_peak_memory_stats(_index(device))
+
+
+def reset_accumulated_memory_stats(device=None):
+    _C._reset_accumulated_memory_stats(_index(device))
+
+
+def empty_cache():
+    _C._empty_cache()

@@ -1,0 +1,87 @@
+// Kernels the core serves itself for every runtime: allocation (so every
+// flagos tensor comes from the active runtime's allocator) and copies
+// between flagos and other devices.
+
+#include <flagos/Relabel.h>
+#include <flagos/Runtime.h>
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+namespace flagos {
+namespace {
+
+c10::DeviceIndex targetIndex(std::optional<c10::Device> device) {
+  DeviceRuntime& rt = activeRuntime();
+  if (device && device->has_index()) {
+    rt.checkIndex(device->index());
+    return device->index();
+  }
+  return rt.getDevice().index();
+}
+
+const c10::DispatchKeySet kFlagosKeys(c10::DispatchKey::PrivateUse1);
+
+at::Tensor empty(
+    c10::IntArrayRef size,
+    std::optional<c10::ScalarType> dtype,
+    std::optional<c10::Layout> layout,
+    std::optional<c10::Device> device,
+    std::optional<bool> /*pin_memory*/,
+    std::optional<c10::MemoryFormat> memory_format) {
+  TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided, "flagos: only strided tensors are supported, got ", *layout);
+  const c10::DeviceIndex index = targetIndex(device);
+  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index));
+  return at::detail::empty_generic(
+      size, activeRuntime().allocator(), kFlagosKeys, c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor emptyStrided(
+    c10::IntArrayRef size,
+    c10::IntArrayRef stride,
+    std::optional<c10::ScalarType> dtype,
+    std::optional<c10::Layout> layout,
+    std::optional<c10::Device> device,
+    std::optional<bool> /*pin_memory*/) {
+  TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided, "flagos: only strided tensors are supported, got ", *layout);
+  const c10::DeviceIndex index = targetIndex(device);
+  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index));
+  return at::detail::empty_strided_generic(
+      size, stride, activeRuntime().allocator(), kFlagosKeys, c10::dtype_or_default(dtype));
+}
+
+at::Tensor nativeView(const at::Tensor& t) {
+  if (t.device().type() != c10::DeviceType::PrivateUse1) {
+    return t;
+  }
+  return toNative(t, activeRuntime().nativeDevice(t.device().index()));
+}
+
+// Copies run as the native device's copy_ on aliases: memcpy for host,
+// cudaMemcpyAsync for CUDA, with dtype/layout conversion included.
+at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  const at::Tensor& flagos_side = dst.device().type() == c10::DeviceType::PrivateUse1 ? dst : self;
+  c10::DeviceGuard guard(flagos_side.device());
+  at::Tensor dst_native = nativeView(dst);
+  dst_native.copy_(nativeView(self), non_blocking);
+  return dst;
+}
+
+at::Tensor copyFromAndResize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.sizes() != self.sizes()) {
+    dst.resize_(self.sizes());
+  }
+  return copyFrom(self, dst, false);
+}
+
+} // namespace
+} // namespace flagos
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(flagos::empty));
+  m.impl("empty_strided", TORCH_FN(flagos::emptyStrided));
+  m.impl("_copy_from", TORCH_FN(flagos::copyFrom));
+  m.impl("_copy_from_and_resize", TORCH_FN(flagos::copyFromAndResize));
+}

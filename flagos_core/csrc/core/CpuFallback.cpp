@@ -1,0 +1,111 @@
+// cpu_fallback: copy flagos arguments to host, run the CPU kernel, copy the
+// results back. Only where the routed provider has no kernel; every call is
+// counted by the router's trace under this provider's name.
+
+#include <flagos/Relabel.h>
+#include <flagos/Router.h>
+
+#include <ATen/ATen.h>
+
+namespace flagos {
+namespace {
+
+class CpuFallbackProvider final : public KernelProvider {
+ public:
+  CpuFallbackProvider() : KernelProvider("cpu_fallback") {}
+
+  bool canServe(const c10::OperatorHandle& op) const override {
+    return op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU);
+  }
+
+  void call(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack, const OpSlotInfo&) override {
+    const auto& args = op.schema().arguments();
+    const size_t first = stack->size() - args.size();
+    std::optional<c10::Device> device;
+    std::vector<std::pair<at::Tensor, at::Tensor>> written; // (host copy, flagos original)
+
+    auto toHost = [&](const at::Tensor& t, const c10::Argument& arg) -> at::Tensor {
+      if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) {
+        return t;
+      }
+      device = device ? device : t.device();
+      at::Tensor host = t.to(c10::Device(c10::DeviceType::CPU));
+      if (arg.alias_info() && arg.alias_info()->isWrite()) {
+        written.emplace_back(host, t);
+      }
+      return host;
+    };
+
+    for (size_t i = 0; i < args.size(); ++i) {
+      c10::IValue& v = (*stack)[first + i];
+      if (v.isTensor()) {
+        v = toHost(v.toTensor(), args[i]);
+      } else if (v.isTensorList()) {
+        c10::List<at::Tensor> host;
+        for (const at::Tensor& t : v.toTensorList()) {
+          host.push_back(toHost(t, args[i]));
+        }
+        v = std::move(host);
+      } else if (v.isOptionalTensorList()) {
+        c10::List<std::optional<at::Tensor>> host;
+        for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
+          host.push_back(t ? std::optional<at::Tensor>(toHost(*t, args[i])) : std::nullopt);
+        }
+        v = std::move(host);
+      } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+        device = device ? device : v.toDevice();
+        v = c10::Device(c10::DeviceType::CPU);
+      } else if (v.isGenerator() && activeRuntime().nativeDeviceType() == c10::DeviceType::CPU) {
+        v = activeRuntime().nativeGenerator(v.toGenerator());
+      }
+    }
+    const c10::Device target = device ? *device : c10::Device(c10::DeviceType::PrivateUse1, activeRuntime().getDevice().index());
+
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+
+    // Results that are written arguments go back into the caller's tensors.
+    const size_t returns = op.schema().returns().size();
+    for (auto& [host, original] : written) {
+      if (host.sizes() != original.sizes()) {
+        original.resize_(host.sizes());
+      }
+      original.copy_(host);
+    }
+    for (size_t i = stack->size() - returns; i < stack->size(); ++i) {
+      c10::IValue& v = (*stack)[i];
+      if (v.isTensor()) {
+        v = back(v.toTensor(), written, target);
+      } else if (v.isTensorList()) {
+        c10::List<at::Tensor> out;
+        for (const at::Tensor& t : v.toTensorList()) {
+          out.push_back(back(t, written, target));
+        }
+        v = std::move(out);
+      }
+    }
+  }
+
+ private:
+  static at::Tensor back(
+      const at::Tensor& host,
+      const std::vector<std::pair<at::Tensor, at::Tensor>>& written,
+      const c10::Device& target) {
+    if (!host.defined()) {
+      return host;
+    }
+    for (const auto& [copy, original] : written) {
+      if (copy.unsafeGetTensorImpl() == host.unsafeGetTensorImpl()) {
+        return original;
+      }
+    }
+    return host.to(target);
+  }
+};
+
+} // namespace
+
+void registerCpuFallbackProvider() {
+  registerProvider(std::make_shared<CpuFallbackProvider>());
+}
+
+} // namespace flagos

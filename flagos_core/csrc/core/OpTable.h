@@ -1,0 +1,16 @@
+#pragma once
+
+#include <cstddef>
+
+namespace flagos::generated {
+
+// One routable ATen overload (see codegen/gen_op_table.py).
+struct OpTableRow {
+  const char* overload; // "add.Tensor", "view" (no overload name)
+  bool exact_device; // native_functions.yaml device_check: ExactSame
+};
+
+extern const OpTableRow kOpTable[];
+extern const size_t kOpTableSize;
+
+} // namespace flagos::generated

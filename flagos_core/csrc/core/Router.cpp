@@ -1,0 +1,353 @@
+// The router: routing slots, their registration with the dispatcher, and
+// tracing. A call is: slot index (baked into the registered kernel) ->
+// atomic provider pointer -> provider->call.
+
+#include <flagos/Router.h>
+
+#include "core/OpTable.h"
+
+#include <torch/library.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace flagos {
+namespace {
+
+constexpr size_t kMaxProviders = 32;
+// Overloads outside native_functions.yaml (other namespaces, custom ops) get
+// a slot when first seen, up to this many.
+constexpr size_t kMaxDynamicSlots = 8192;
+
+struct Slot {
+  std::atomic<KernelProvider*> provider{nullptr};
+  // Everything below is guarded by Router::mutex.
+  std::string name;
+  bool exact_device = false;
+  KernelProvider* explicit_provider = nullptr;
+  std::string layer = "default";
+};
+
+struct Router {
+  std::mutex mutex;
+  std::unique_ptr<Slot[]> slots;
+  size_t slot_count = 0;
+  size_t capacity = 0;
+  std::unordered_map<std::string, size_t> by_name;
+  std::unordered_map<const void*, size_t> dynamic_by_op;
+  std::vector<std::shared_ptr<KernelProvider>> providers;
+  KernelProvider* default_provider = nullptr;
+  std::atomic<int> trace_depth{0};
+  std::unique_ptr<std::atomic<uint64_t>[]> counters;
+
+  Router() {
+    capacity = generated::kOpTableSize + kMaxDynamicSlots;
+    slots.reset(new Slot[capacity]);
+    counters.reset(new std::atomic<uint64_t>[capacity * kMaxProviders]);
+    for (size_t i = 0; i < capacity * kMaxProviders; ++i) {
+      counters[i].store(0, std::memory_order_relaxed);
+    }
+    for (size_t i = 0; i < generated::kOpTableSize; ++i) {
+      addSlotLocked(generated::kOpTable[i].overload, generated::kOpTable[i].exact_device);
+    }
+  }
+
+  size_t addSlotLocked(const std::string& name, bool exact_device) {
+    TORCH_CHECK(slot_count < capacity, "flagos: more than ", kMaxDynamicSlots, " custom operators were routed");
+    Slot& slot = slots[slot_count];
+    slot.name = name;
+    slot.exact_device = exact_device;
+    by_name.emplace(name, slot_count);
+    return slot_count++;
+  }
+
+  KernelProvider* providerLocked(const std::string& name) {
+    for (auto& p : providers) {
+      if (p->name() == name) {
+        return p.get();
+      }
+    }
+    return nullptr;
+  }
+
+  std::string providerListLocked() {
+    std::string out;
+    for (auto& p : providers) {
+      out += (out.empty() ? "" : ", ") + p->name();
+    }
+    return out;
+  }
+};
+
+Router& router() {
+  static Router* instance = new Router(); // never destroyed: kernels may run at exit
+  return *instance;
+}
+
+// "aten::add.Tensor" -> "add.Tensor"; names outside aten keep their namespace.
+std::string canonicalName(const std::string& name) {
+  const std::string prefix = "aten::";
+  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
+}
+
+std::string operatorName(const c10::OperatorHandle& op) {
+  const auto& n = op.operator_name();
+  std::string name = canonicalName(n.name);
+  return n.overload_name.empty() ? name : name + "." + n.overload_name;
+}
+
+std::optional<c10::OperatorHandle> findHandle(const std::string& overload) {
+  std::string qualified = overload.find("::") == std::string::npos ? "aten::" + overload : overload;
+  const auto dot = qualified.find('.', qualified.find("::"));
+  c10::OperatorName name(
+      dot == std::string::npos ? qualified : qualified.substr(0, dot),
+      dot == std::string::npos ? "" : qualified.substr(dot + 1));
+  return c10::Dispatcher::singleton().findOp(name);
+}
+
+KernelProvider* resolve(size_t index, const c10::OperatorHandle& op) {
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  Slot& slot = r.slots[index];
+  KernelProvider* chosen = nullptr;
+  if (slot.explicit_provider != nullptr) {
+    chosen = slot.explicit_provider;
+  } else if (r.default_provider != nullptr && r.default_provider->canServe(op)) {
+    chosen = r.default_provider;
+    slot.layer = "default";
+  } else {
+    chosen = r.providerLocked("cpu_fallback");
+    slot.layer = "default (" +
+        (r.default_provider ? r.default_provider->name() : std::string("no provider")) +
+        " has no kernel)";
+  }
+  TORCH_CHECK(chosen != nullptr, "flagos: no provider can run ", slot.name, "; live providers: ", r.providerListLocked());
+  slot.provider.store(chosen, std::memory_order_release);
+  return chosen;
+}
+
+void dispatchSlot(size_t index, const c10::OperatorHandle& op, c10::DispatchKeySet keys, Stack* stack) {
+  Router& r = router();
+  Slot& slot = r.slots[index];
+  KernelProvider* provider = slot.provider.load(std::memory_order_acquire);
+  if (C10_UNLIKELY(provider == nullptr)) {
+    provider = resolve(index, op);
+  }
+  if (C10_UNLIKELY(r.trace_depth.load(std::memory_order_relaxed) > 0)) {
+    r.counters[index * kMaxProviders + provider->index].fetch_add(1, std::memory_order_relaxed);
+  }
+  provider->call(op, keys, stack, OpSlotInfo{index, slot.exact_device});
+}
+
+// The kernel registered for each generated overload: it carries its slot.
+class SlotKernel final : public c10::OperatorKernel {
+ public:
+  explicit SlotKernel(size_t slot) : slot_(slot) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, Stack* stack) {
+    dispatchSlot(slot_, op, keys, stack);
+  }
+
+ private:
+  size_t slot_;
+};
+
+size_t dynamicSlot(const c10::OperatorHandle& op) {
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const void* key = &op.operator_name();
+  auto found = r.dynamic_by_op.find(key);
+  if (found != r.dynamic_by_op.end()) {
+    return found->second;
+  }
+  const std::string name = operatorName(op);
+  auto existing = r.by_name.find(name);
+  size_t index = existing != r.by_name.end() ? existing->second : r.addSlotLocked(name, false);
+  r.dynamic_by_op.emplace(key, index);
+  return index;
+}
+
+// Every overload the generated table does not list lands here.
+void dynamicKernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, Stack* stack) {
+  dispatchSlot(dynamicSlot(op), op, keys, stack);
+}
+
+// Overloads the core serves itself (allocation and copies, CoreKernels.cpp).
+const std::unordered_set<std::string>& coreOwned() {
+  static const std::unordered_set<std::string> names = {
+      "empty.memory_format", "empty_strided", "_copy_from", "_copy_from_and_resize"};
+  return names;
+}
+
+size_t slotIndexOrThrow(const std::string& overload) {
+  auto slot = slotOf(overload);
+  TORCH_CHECK(slot.has_value(), "flagos: unknown operator overload '", overload, "'");
+  return *slot;
+}
+
+} // namespace
+
+void registerProvider(std::shared_ptr<KernelProvider> provider) {
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.providerLocked(provider->name()) != nullptr) {
+    return;
+  }
+  TORCH_CHECK(r.providers.size() < kMaxProviders, "flagos: at most ", kMaxProviders, " kernel providers");
+  provider->index = static_cast<int>(r.providers.size());
+  r.providers.push_back(std::move(provider));
+}
+
+KernelProvider* findProvider(const std::string& name) {
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.providerLocked(name);
+}
+
+std::vector<std::string> providerNames() {
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::string> names;
+  for (auto& p : r.providers) {
+    names.push_back(p->name());
+  }
+  return names;
+}
+
+std::optional<size_t> slotOf(const std::string& overload) {
+  Router& r = router();
+  const std::string name = canonicalName(overload);
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto found = r.by_name.find(name);
+    if (found != r.by_name.end()) {
+      return found->second;
+    }
+  }
+  auto handle = findHandle(name);
+  if (!handle) {
+    return std::nullopt;
+  }
+  return dynamicSlot(*handle);
+}
+
+std::string slotName(size_t slot) {
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  TORCH_CHECK(slot < r.slot_count, "flagos: no routing slot ", slot);
+  return r.slots[slot].name;
+}
+
+std::string routeOf(const std::string& overload) {
+  const std::string name = canonicalName(overload);
+  if (coreOwned().count(name)) {
+    return "core";
+  }
+  const size_t index = slotIndexOrThrow(name);
+  KernelProvider* provider = router().slots[index].provider.load(std::memory_order_acquire);
+  if (provider == nullptr) {
+    auto handle = findHandle(name);
+    TORCH_CHECK(handle.has_value(), "flagos: unknown operator overload '", overload, "'");
+    provider = resolve(index, *handle);
+  }
+  return provider->name();
+}
+
+std::string routeLayerOf(const std::string& overload) {
+  routeOf(overload); // resolves the default if needed
+  Router& r = router();
+  const size_t index = slotIndexOrThrow(overload);
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.slots[index].layer;
+}
+
+void setRoute(const std::string& overload, const std::string& provider_name, const std::string& layer) {
+  const std::string name = canonicalName(overload);
+  TORCH_CHECK(!coreOwned().count(name), "flagos: ", name, " is served by the core itself and cannot be routed");
+  const size_t index = slotIndexOrThrow(name);
+  auto handle = findHandle(name);
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  KernelProvider* provider = r.providerLocked(provider_name);
+  TORCH_CHECK(
+      provider != nullptr, "flagos: unknown provider '", provider_name, "' for ", name,
+      "; valid providers: ", r.providerListLocked());
+  TORCH_CHECK(
+      !handle || provider->canServe(*handle), "flagos: provider '", provider_name,
+      "' has no kernel for ", name);
+  Slot& slot = r.slots[index];
+  slot.explicit_provider = provider;
+  slot.layer = layer;
+  slot.provider.store(provider, std::memory_order_release);
+}
+
+void clearRoute(const std::string& overload) {
+  const size_t index = slotIndexOrThrow(overload);
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  Slot& slot = r.slots[index];
+  slot.explicit_provider = nullptr;
+  slot.layer = "default";
+  slot.provider.store(nullptr, std::memory_order_release); // re-resolved on next call
+}
+
+void setDefaultProvider(const std::string& provider_name) {
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  KernelProvider* provider = r.providerLocked(provider_name);
+  TORCH_CHECK(provider != nullptr, "flagos: unknown provider '", provider_name, "'; valid providers: ", r.providerListLocked());
+  r.default_provider = provider;
+  for (size_t i = 0; i < r.slot_count; ++i) {
+    if (r.slots[i].explicit_provider == nullptr) {
+      r.slots[i].provider.store(nullptr, std::memory_order_release);
+    }
+  }
+}
+
+void traceBegin() {
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.trace_depth.fetch_add(1) == 0) {
+    for (size_t i = 0; i < r.capacity * kMaxProviders; ++i) {
+      r.counters[i].store(0, std::memory_order_relaxed);
+    }
+  }
+}
+
+std::map<std::pair<std::string, std::string>, uint64_t> traceEnd() {
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::map<std::pair<std::string, std::string>, uint64_t> counts;
+  for (size_t s = 0; s < r.slot_count; ++s) {
+    for (size_t p = 0; p < r.providers.size(); ++p) {
+      const uint64_t n = r.counters[s * kMaxProviders + p].load(std::memory_order_relaxed);
+      if (n != 0) {
+        counts[{r.slots[s].name, r.providers[p]->name()}] = n;
+      }
+    }
+  }
+  if (r.trace_depth.load() > 0) {
+    r.trace_depth.fetch_sub(1);
+  }
+  return counts;
+}
+
+} // namespace flagos
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  using flagos::generated::kOpTable;
+  for (size_t i = 0; i < flagos::generated::kOpTableSize; ++i) {
+    if (flagos::coreOwned().count(kOpTable[i].overload)) {
+      continue;
+    }
+    m.impl(
+        kOpTable[i].overload,
+        torch::CppFunction::makeFromBoxedFunctor(std::make_unique<flagos::SlotKernel>(i)));
+  }
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&flagos::dynamicKernel>());
+}

@@ -1,0 +1,50 @@
+#include <flagos/Runtime.h>
+
+#include <atomic>
+#include <mutex>
+
+namespace flagos {
+namespace {
+
+std::mutex g_mutex;
+std::shared_ptr<DeviceRuntime> g_runtime;
+// Raw pointer for the per-call path: set once, read without a lock.
+std::atomic<DeviceRuntime*> g_active{nullptr};
+
+} // namespace
+
+void DeviceRuntime::checkIndex(c10::DeviceIndex index) const {
+  const auto count = deviceCount();
+  TORCH_CHECK(
+      index >= 0 && index < count,
+      "flagos:", static_cast<int>(index), " is not a valid device: the ", name(),
+      " runtime has ", static_cast<int>(count), " flagos device(s), flagos:0 to flagos:",
+      static_cast<int>(count) - 1);
+}
+
+DeviceRuntime& activeRuntime() {
+  DeviceRuntime* rt = g_active.load(std::memory_order_acquire);
+  TORCH_CHECK(
+      rt != nullptr,
+      "flagos: no device runtime is active; import flagos_core (or torch, which autoloads it) first");
+  return *rt;
+}
+
+bool hasActiveRuntime() {
+  return g_active.load(std::memory_order_acquire) != nullptr;
+}
+
+void activateRuntime(std::shared_ptr<DeviceRuntime> runtime) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  TORCH_CHECK(runtime != nullptr, "flagos: activateRuntime needs a runtime");
+  TORCH_CHECK(
+      g_runtime == nullptr || g_runtime->name() == runtime->name(),
+      "flagos: the ", g_runtime ? g_runtime->name() : "", " runtime is already active; a process has one runtime, chosen before its first flagos operation");
+  if (g_runtime) {
+    return;
+  }
+  g_runtime = std::move(runtime);
+  g_active.store(g_runtime.get(), std::memory_order_release);
+}
+
+} // namespace flagos

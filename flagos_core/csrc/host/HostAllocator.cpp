@@ -1,0 +1,211 @@
+#include "host/HostAllocator.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace flagos::host {
+
+using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::Stat;
+using c10::CachingDeviceAllocator::StatType;
+
+namespace {
+
+constexpr size_t kAlignment = 64;
+constexpr size_t kSmallRound = 512;
+constexpr size_t kLargeThreshold = 1 << 20;
+constexpr size_t kLargeRound = 1 << 16;
+
+size_t roundSize(size_t n) {
+  const size_t unit = n < kLargeThreshold ? kSmallRound : kLargeRound;
+  return ((n + unit - 1) / unit) * unit;
+}
+
+void updateStat(Stat& stat, int64_t amount) {
+  stat.current += amount;
+  stat.peak = std::max(stat.peak, stat.current);
+  if (amount > 0) {
+    stat.allocated += amount;
+  } else {
+    stat.freed += -amount;
+  }
+}
+
+void update(c10::CachingDeviceAllocator::StatArray& stats, int64_t amount) {
+  updateStat(stats[static_cast<size_t>(StatType::AGGREGATE)], amount);
+}
+
+} // namespace
+
+struct HostCachingAllocator::Block {
+  void* data;
+  size_t size;
+  size_t requested;
+  Pool* pool;
+};
+
+struct HostCachingAllocator::Pool {
+  std::mutex mutex;
+  std::unordered_map<size_t, std::vector<Block*>> free_blocks;
+  DeviceStats stats;
+
+  void release(Block* block) {
+    std::lock_guard<std::mutex> lock(mutex);
+    update(stats.allocated_bytes, -static_cast<int64_t>(block->size));
+    update(stats.active_bytes, -static_cast<int64_t>(block->size));
+    update(stats.requested_bytes, -static_cast<int64_t>(block->requested));
+    update(stats.allocation, -1);
+    update(stats.active, -1);
+    free_blocks[block->size].push_back(block);
+  }
+};
+
+namespace {
+void freeBlock(void* ctx) {
+  auto* block = static_cast<HostCachingAllocator::Block*>(ctx);
+  block->pool->release(block);
+}
+} // namespace
+
+HostCachingAllocator::HostCachingAllocator(
+    c10::DeviceIndex devices,
+    std::function<c10::DeviceIndex()> current_device)
+    : current_device_(std::move(current_device)) {
+  for (c10::DeviceIndex i = 0; i < devices; ++i) {
+    pools_.push_back(std::make_unique<Pool>());
+  }
+}
+
+HostCachingAllocator::~HostCachingAllocator() = default;
+
+bool HostCachingAllocator::owns(const c10::DataPtr& ptr) {
+  return ptr.get_deleter() == &freeBlock;
+}
+
+c10::DataPtr HostCachingAllocator::allocate(size_t nbytes) {
+  const c10::DeviceIndex index = current_device_();
+  return allocateOn(nbytes, index, c10::Device(c10::DeviceType::PrivateUse1, index));
+}
+
+c10::DataPtr HostCachingAllocator::allocateOn(size_t nbytes, c10::DeviceIndex index, c10::Device label) {
+  TORCH_CHECK(
+      index >= 0 && static_cast<size_t>(index) < pools_.size(), "flagos: no host device ", static_cast<int>(index));
+  if (nbytes == 0) {
+    return c10::DataPtr(nullptr, label);
+  }
+  Pool& pool = *pools_[index];
+  const size_t size = roundSize(nbytes);
+  Block* block = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    auto found = pool.free_blocks.find(size);
+    if (found != pool.free_blocks.end() && !found->second.empty()) {
+      block = found->second.back();
+      found->second.pop_back();
+    }
+  }
+  if (block == nullptr) {
+    void* data = std::aligned_alloc(kAlignment, size);
+    TORCH_CHECK(data != nullptr, "flagos: host device out of memory allocating ", size, " bytes");
+    block = new Block{data, size, 0, &pool};
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    update(pool.stats.reserved_bytes, static_cast<int64_t>(size));
+    update(pool.stats.segment, 1);
+  }
+  block->requested = nbytes;
+  {
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    update(pool.stats.allocated_bytes, static_cast<int64_t>(size));
+    update(pool.stats.active_bytes, static_cast<int64_t>(size));
+    update(pool.stats.requested_bytes, static_cast<int64_t>(nbytes));
+    update(pool.stats.allocation, 1);
+    update(pool.stats.active, 1);
+  }
+  return c10::DataPtr(block->data, block, &freeBlock, label);
+}
+
+void HostCachingAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  std::memcpy(dest, src, count);
+}
+
+void HostCachingAllocator::emptyCache(c10::MempoolId_t /*pool*/) {
+  for (auto& pool : pools_) {
+    std::lock_guard<std::mutex> lock(pool->mutex);
+    for (auto& [size, blocks] : pool->free_blocks) {
+      for (Block* block : blocks) {
+        std::free(block->data);
+        update(pool->stats.reserved_bytes, -static_cast<int64_t>(block->size));
+        update(pool->stats.segment, -1);
+        delete block;
+      }
+    }
+    pool->free_blocks.clear();
+  }
+}
+
+DeviceStats HostCachingAllocator::getDeviceStats(c10::DeviceIndex index) {
+  TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < pools_.size(), "flagos: no host device ", static_cast<int>(index));
+  std::lock_guard<std::mutex> lock(pools_[index]->mutex);
+  return pools_[index]->stats;
+}
+
+void HostCachingAllocator::resetAccumulatedStats(c10::DeviceIndex index) {
+  TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < pools_.size(), "flagos: no host device ", static_cast<int>(index));
+  std::lock_guard<std::mutex> lock(pools_[index]->mutex);
+  auto reset = [](c10::CachingDeviceAllocator::StatArray& stats) {
+    for (auto& s : stats) {
+      s.allocated = 0;
+      s.freed = 0;
+    }
+  };
+  DeviceStats& s = pools_[index]->stats;
+  for (auto* a : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
+    reset(*a);
+  }
+}
+
+void HostCachingAllocator::resetPeakStats(c10::DeviceIndex index) {
+  TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < pools_.size(), "flagos: no host device ", static_cast<int>(index));
+  std::lock_guard<std::mutex> lock(pools_[index]->mutex);
+  DeviceStats& s = pools_[index]->stats;
+  for (auto* a : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
+    for (auto& stat : *a) {
+      stat.peak = stat.current;
+    }
+  }
+}
+
+// Pinned memory on the host runtime is ordinary host memory that remembers
+// it was asked for as pinned.
+static PinnedAllocator* g_pinned = nullptr;
+
+void freePinned(void* ctx) {
+  {
+    std::lock_guard<std::mutex> lock(g_pinned->mutex_);
+    g_pinned->live_.erase(ctx);
+  }
+  std::free(ctx);
+}
+
+c10::DataPtr PinnedAllocator::allocate(size_t nbytes) {
+  g_pinned = this;
+  void* data = std::aligned_alloc(kAlignment, roundSize(std::max<size_t>(nbytes, 1)));
+  TORCH_CHECK(data != nullptr, "flagos: out of host memory allocating ", nbytes, " pinned bytes");
+  std::lock_guard<std::mutex> lock(mutex_);
+  live_.insert(data);
+  return c10::DataPtr(data, data, &freePinned, c10::Device(c10::DeviceType::CPU));
+}
+
+void PinnedAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  std::memcpy(dest, src, count);
+}
+
+bool PinnedAllocator::isPinned(const void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Storages start at the block, so their base pointer is what is asked.
+  return live_.count(ptr) != 0;
+}
+
+} // namespace flagos::host

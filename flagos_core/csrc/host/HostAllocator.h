@@ -1,0 +1,68 @@
+#pragma once
+
+// Device memory of the host runtime: host RAM through a caching allocator
+// with per-device statistics, plus the pinned-memory allocator.
+
+#include <c10/core/CachingDeviceAllocator.h>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace flagos::host {
+
+class HostCachingAllocator final : public c10::DeviceAllocator {
+ public:
+  // `current_device` tells which device a plain allocate() is for.
+  HostCachingAllocator(c10::DeviceIndex devices, std::function<c10::DeviceIndex()> current_device);
+  ~HostCachingAllocator() override;
+
+  c10::DataPtr allocate(size_t nbytes) override;
+  // Memory of flagos:<index>, labelled `label` (the CPU label while a CPU
+  // kernel runs on it, relabelled flagos afterwards).
+  c10::DataPtr allocateOn(size_t nbytes, c10::DeviceIndex index, c10::Device label);
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    return nullptr; // blocks carry a context; no raw pointers out
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override;
+
+  bool initialized() override {
+    return true;
+  }
+  void emptyCache(c10::MempoolId_t pool = {0, 0}) override;
+  void recordStream(const c10::DataPtr&, c10::Stream) override {} // host work is synchronous
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex index) override;
+  void resetAccumulatedStats(c10::DeviceIndex index) override;
+  void resetPeakStats(c10::DeviceIndex index) override;
+
+  // Whether `deleter` frees blocks of this allocator.
+  static bool owns(const c10::DataPtr& ptr);
+
+  struct Block;
+  struct Pool;
+
+ private:
+  std::vector<std::unique_ptr<Pool>> pools_;
+  std::function<c10::DeviceIndex()> current_device_;
+};
+
+class PinnedAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override;
+  c10::DeleterFnPtr raw_deleter() const override {
+    return nullptr;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override;
+  bool isPinned(const void* ptr);
+
+ private:
+  friend void freePinned(void* ctx);
+  std::mutex mutex_;
+  std::unordered_set<const void*> live_;
+};
+
+} // namespace flagos::host

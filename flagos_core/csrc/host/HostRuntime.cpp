@@ -1,0 +1,245 @@
+// The built-in host runtime: flagos devices backed by host RAM, CPU kernels
+// through the `host` provider. The default where no accelerator plugin is
+// active, and what CI runs on.
+
+#include "host/HostAllocator.h"
+#include "host/HostGenerator.h"
+#include "host/HostRuntime.h"
+
+#include <flagos/Relabel.h>
+#include <flagos/Router.h>
+
+#include <c10/core/CPUAllocator.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <vector>
+
+namespace flagos::host {
+namespace {
+
+thread_local c10::DeviceIndex t_current_device = 0;
+// Device whose memory CPU allocations go to while a host kernel runs; -1: none.
+thread_local c10::DeviceIndex t_redirect_device = -1;
+// Current stream id per device, per thread (0: the default stream).
+thread_local std::vector<c10::StreamId> t_streams;
+
+struct HostEvent {
+  std::chrono::steady_clock::time_point when;
+  bool recorded = false;
+};
+
+// CPU kernels allocate outputs with the CPU allocator; while a host kernel
+// runs, this sends those allocations to the flagos device's pool so that
+// device memory statistics see them. Elsewhere it is the CPU allocator.
+class RedirectingCpuAllocator final : public c10::Allocator {
+ public:
+  RedirectingCpuAllocator(c10::Allocator* base, HostCachingAllocator* pool) : base_(base), pool_(pool) {}
+  c10::DataPtr allocate(size_t n) override {
+    if (t_redirect_device >= 0) {
+      return pool_->allocateOn(n, t_redirect_device, c10::Device(c10::DeviceType::CPU));
+    }
+    return base_->allocate(n);
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return base_->raw_deleter();
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    base_->copy_data(dest, src, count);
+  }
+
+ private:
+  c10::Allocator* base_;
+  HostCachingAllocator* pool_;
+};
+
+class HostRuntime final : public DeviceRuntime {
+ public:
+  explicit HostRuntime(c10::DeviceIndex devices)
+      : devices_(devices), allocator_(devices, [] { return t_current_device; }), next_stream_(devices) {
+    for (c10::DeviceIndex i = 0; i < devices; ++i) {
+      generators_.push_back(at::make_generator<HostGenerator>(i));
+      next_stream_[i].store(1);
+    }
+  }
+
+  std::string name() const override {
+    return "host";
+  }
+  c10::DeviceType nativeDeviceType() const override {
+    return c10::DeviceType::CPU;
+  }
+  c10::DispatchKey nativeDispatchKey() const override {
+    return c10::DispatchKey::CPU;
+  }
+  c10::DeviceAllocator* allocator() override {
+    return &allocator_;
+  }
+  HostCachingAllocator& pool() {
+    return allocator_;
+  }
+  c10::Allocator* pinnedAllocator() override {
+    return &pinned_;
+  }
+  bool isPinnedPtr(const void* ptr) override {
+    return pinned_.isPinned(ptr);
+  }
+  const at::Generator& defaultGenerator(c10::DeviceIndex index) override {
+    checkIndex(index);
+    return generators_[index];
+  }
+  at::Generator newGenerator(c10::DeviceIndex index) override {
+    checkIndex(index);
+    return at::make_generator<HostGenerator>(index);
+  }
+  at::Generator nativeGenerator(const at::Generator& gen) override {
+    if (auto* host = dynamic_cast<HostGenerator*>(gen.unsafeGetGeneratorImpl())) {
+      return host->native();
+    }
+    return gen; // already a CPU generator
+  }
+  DeviceProperties properties(c10::DeviceIndex index) override {
+    checkIndex(index);
+    DeviceProperties p;
+    p.name = "flagos host device " + std::to_string(index);
+    p.total_memory = 0;
+    p.multi_processor_count = 1;
+    return p;
+  }
+
+  // Device selection.
+  c10::Device exchangeDevice(c10::Device d) const override {
+    const c10::Device old = getDevice();
+    if (d.index() >= 0 && d.index() != old.index()) {
+      setDevice(d);
+    }
+    return old;
+  }
+  c10::Device getDevice() const override {
+    return c10::Device(c10::DeviceType::PrivateUse1, t_current_device);
+  }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == c10::DeviceType::PrivateUse1, "flagos: not a flagos device: ", d);
+    checkIndex(d.index());
+    t_current_device = d.index();
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0 && d.index() < devices_) {
+      t_current_device = d.index();
+    }
+  }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return devices_;
+  }
+
+  // Streams. Host work runs synchronously in issue order, so every stream
+  // is always complete; ids still distinguish streams.
+  c10::Stream getStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::UNSAFE, normalize(d), currentStreamId(normalize(d).index()));
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, normalize(d));
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*high_priority*/) const override {
+    return getNewStream(d, 0);
+  }
+  c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
+    const c10::Device device = normalize(d);
+    return c10::Stream(c10::Stream::UNSAFE, device, next_stream_[device.index()].fetch_add(1));
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    const c10::Stream old = getStream(s.device());
+    streamSlot(s.device_index()) = s.id();
+    return old;
+  }
+  bool queryStream(const c10::Stream&) const override {
+    return true;
+  }
+  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeDevice(const c10::DeviceIndex) const override {}
+
+  // Events record when the work before them finished (now, on host).
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex, const c10::EventFlag) const override {
+    TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1, "flagos: event recorded on a non-flagos stream");
+    if (*event == nullptr) {
+      *event = new HostEvent();
+    }
+    auto* e = static_cast<HostEvent*>(*event);
+    e->when = std::chrono::steady_clock::now();
+    e->recorded = true;
+  }
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override {
+    return true;
+  }
+  void synchronizeEvent(void*) const override {}
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<HostEvent*>(event);
+  }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    auto* a = static_cast<HostEvent*>(start);
+    auto* b = static_cast<HostEvent*>(end);
+    TORCH_CHECK(a && b && a->recorded && b->recorded, "flagos: both events must be recorded before elapsed_time");
+    return std::chrono::duration<double, std::milli>(b->when - a->when).count();
+  }
+
+ private:
+  c10::Device normalize(c10::Device d) const {
+    const c10::DeviceIndex index = d.has_index() ? d.index() : t_current_device;
+    checkIndex(index);
+    return c10::Device(c10::DeviceType::PrivateUse1, index);
+  }
+  c10::StreamId& streamSlot(c10::DeviceIndex index) const {
+    if (t_streams.size() < static_cast<size_t>(devices_)) {
+      t_streams.resize(devices_, 0);
+    }
+    return t_streams[index];
+  }
+  c10::StreamId currentStreamId(c10::DeviceIndex index) const {
+    return streamSlot(index);
+  }
+
+  c10::DeviceIndex devices_;
+  HostCachingAllocator allocator_;
+  PinnedAllocator pinned_;
+  std::vector<at::Generator> generators_;
+  mutable std::vector<std::atomic<c10::StreamId>> next_stream_;
+};
+
+// The `host` provider: CPU kernels on relabelled flagos tensors, with CPU
+// allocations made during the kernel taken from the device's pool.
+class HostProvider final : public RelabelProvider {
+ public:
+  HostProvider() : RelabelProvider("host") {}
+
+ protected:
+  void runNative(const c10::OperatorHandle& op, Stack* stack, c10::DeviceIndex index) override {
+    const c10::DeviceIndex saved = t_redirect_device;
+    t_redirect_device = index;
+    try {
+      RelabelProvider::runNative(op, stack, index);
+    } catch (...) {
+      t_redirect_device = saved;
+      throw;
+    }
+    t_redirect_device = saved;
+  }
+};
+
+} // namespace
+
+void activateHostRuntime(c10::DeviceIndex devices) {
+  TORCH_CHECK(devices >= 1 && devices <= 64, "flagos: FLAGOS_HOST_DEVICES must be between 1 and 64, got ", static_cast<int>(devices));
+  auto runtime = std::make_shared<HostRuntime>(devices);
+  static RedirectingCpuAllocator* redirect = nullptr;
+  if (redirect == nullptr) {
+    redirect = new RedirectingCpuAllocator(c10::GetCPUAllocator(), &runtime->pool());
+    c10::SetCPUAllocator(redirect, /*priority=*/100);
+  }
+  activateRuntime(runtime);
+  registerProvider(std::make_shared<HostProvider>());
+  setDefaultProvider("host");
+}
+
+} // namespace flagos::host

@@ -1,0 +1,50 @@
+#pragma once
+
+// Kernel providers: each serves ATen overloads routed to it by the router.
+
+#include <flagos/Export.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace flagos {
+
+using Stack = std::vector<c10::IValue>;
+
+// What the router knows about one overload.
+struct OpSlotInfo {
+  size_t slot;
+  // PyTorch's `device_check: ExactSame`: every tensor argument on one device.
+  bool exact_device;
+};
+
+class FLAGOS_API KernelProvider {
+ public:
+  explicit KernelProvider(std::string name) : name_(std::move(name)) {}
+  virtual ~KernelProvider() = default;
+  const std::string& name() const {
+    return name_;
+  }
+  // Whether `call` can run this overload (asked once per overload).
+  virtual bool canServe(const c10::OperatorHandle& op) const = 0;
+  // Runs the overload on the boxed stack (arguments in, results out).
+  virtual void call(
+      const c10::OperatorHandle& op,
+      c10::DispatchKeySet keys,
+      Stack* stack,
+      const OpSlotInfo& info) = 0;
+  // Index among registered providers; set by registerProvider.
+  int index = -1;
+
+ private:
+  std::string name_;
+};
+
+FLAGOS_API void registerProvider(std::shared_ptr<KernelProvider> provider);
+FLAGOS_API KernelProvider* findProvider(const std::string& name);
+FLAGOS_API std::vector<std::string> providerNames();
+
+} // namespace flagos

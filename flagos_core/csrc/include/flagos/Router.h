@@ -1,0 +1,39 @@
+#pragma once
+
+// The router: one slot per ATen overload, each pointing at a provider.
+// The per-call path is an array index and an atomic load.
+
+#include <flagos/Provider.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace flagos {
+
+// Slot of an overload name ("add.Tensor", "aten::add.Tensor" or a custom
+// "ns::op.overload"), or nullopt if the dispatcher does not know it.
+FLAGOS_API std::optional<size_t> slotOf(const std::string& overload);
+FLAGOS_API std::string slotName(size_t slot);
+
+// Provider serving an overload now (resolving its default if not yet called).
+FLAGOS_API std::string routeOf(const std::string& overload);
+// Where the route came from: "default", "api", ... (conf layers add more).
+FLAGOS_API std::string routeLayerOf(const std::string& overload);
+FLAGOS_API void setRoute(
+    const std::string& overload,
+    const std::string& provider,
+    const std::string& layer);
+FLAGOS_API void clearRoute(const std::string& overload);
+// The provider every unrouted overload goes to (the active runtime's native
+// provider); cpu_fallback serves what that one cannot.
+FLAGOS_API void setDefaultProvider(const std::string& provider);
+
+// Tracing: counts per (overload, provider) while at least one trace is open.
+FLAGOS_API void traceBegin();
+FLAGOS_API std::map<std::pair<std::string, std::string>, uint64_t> traceEnd();
+
+} // namespace flagos

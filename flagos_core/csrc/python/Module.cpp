@@ -1,0 +1,99 @@
+// flagos_core._C: the Python face of libflagos_core.
+
+#include <flagos/Router.h>
+#include <flagos/Runtime.h>
+
+#include "host/HostRuntime.h"
+#include <flagos/Relabel.h>
+
+#include <torch/csrc/utils/pybind.h>
+
+namespace py = pybind11;
+
+namespace flagos {
+void registerCpuFallbackProvider();
+
+namespace {
+
+py::dict statsDict(c10::DeviceIndex index) {
+  using c10::CachingDeviceAllocator::StatType;
+  DeviceRuntime& rt = activeRuntime();
+  rt.checkIndex(index);
+  const auto stats = rt.allocator()->getDeviceStats(index);
+  py::dict out;
+  auto add = [&](const std::string& name, const c10::CachingDeviceAllocator::StatArray& array) {
+    const auto& s = array[static_cast<size_t>(StatType::AGGREGATE)];
+    out[py::str(name + ".all.current")] = s.current;
+    out[py::str(name + ".all.peak")] = s.peak;
+    out[py::str(name + ".all.allocated")] = s.allocated;
+    out[py::str(name + ".all.freed")] = s.freed;
+  };
+  add("allocation", stats.allocation);
+  add("segment", stats.segment);
+  add("active", stats.active);
+  add("allocated_bytes", stats.allocated_bytes);
+  add("reserved_bytes", stats.reserved_bytes);
+  add("active_bytes", stats.active_bytes);
+  add("requested_bytes", stats.requested_bytes);
+  out["num_alloc_retries"] = stats.num_alloc_retries;
+  out["num_ooms"] = stats.num_ooms;
+  return out;
+}
+
+} // namespace
+} // namespace flagos
+
+PYBIND11_MODULE(_C, m) {
+  using namespace flagos;
+  m.doc() = "flagos core bindings";
+  m.attr("PLUGIN_ABI_VERSION") = kPluginAbiVersion;
+
+  m.def("_activate_host_runtime", [](int devices) {
+    registerCpuFallbackProvider();
+    host::activateHostRuntime(static_cast<c10::DeviceIndex>(devices));
+  });
+  m.def("_has_runtime", &hasActiveRuntime);
+  m.def("_runtime_name", [] { return activeRuntime().name(); });
+  m.def("_native_device_type", [] { return c10::DeviceTypeName(activeRuntime().nativeDeviceType(), true); });
+  m.def("_device_count", [] { return hasActiveRuntime() ? static_cast<int>(activeRuntime().deviceCount()) : 0; });
+  m.def("_current_device", [] { return static_cast<int>(activeRuntime().getDevice().index()); });
+  m.def("_set_device", [](int index) {
+    activeRuntime().setDevice(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)));
+  });
+  m.def("_check_device", [](int index) { activeRuntime().checkIndex(static_cast<c10::DeviceIndex>(index)); });
+  m.def("_synchronize", [](int index) {
+    py::gil_scoped_release no_gil;
+    activeRuntime().synchronizeDevice(static_cast<c10::DeviceIndex>(index));
+  });
+  m.def("_device_properties", [](int index) {
+    auto p = activeRuntime().properties(static_cast<c10::DeviceIndex>(index));
+    return py::make_tuple(p.name, p.total_memory, p.major, p.minor, p.multi_processor_count);
+  });
+  m.def("_default_generator", [](int index) {
+    return activeRuntime().defaultGenerator(static_cast<c10::DeviceIndex>(index));
+  });
+
+  m.def("_memory_stats", [](int index) { return statsDict(static_cast<c10::DeviceIndex>(index)); });
+  m.def("_reset_peak_memory_stats", [](int index) {
+    activeRuntime().allocator()->resetPeakStats(static_cast<c10::DeviceIndex>(index));
+  });
+  m.def("_reset_accumulated_memory_stats", [](int index) {
+    activeRuntime().allocator()->resetAccumulatedStats(static_cast<c10::DeviceIndex>(index));
+  });
+  m.def("_empty_cache", [] { activeRuntime().allocator()->emptyCache(); });
+
+  m.def("_debug_alias", [](const at::Tensor& t) { return toNative(t, c10::Device(c10::kCPU)); });
+  m.def("_providers", &providerNames);
+  m.def("_route", &routeOf);
+  m.def("_route_layer", &routeLayerOf);
+  m.def("_set_route", &setRoute);
+  m.def("_clear_route", &clearRoute);
+  m.def("_trace_begin", &traceBegin);
+  m.def("_trace_end", [] {
+    py::dict out;
+    for (const auto& [key, count] : traceEnd()) {
+      out[py::make_tuple(key.first, key.second)] = count;
+    }
+    return out;
+  });
+}

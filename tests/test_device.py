@@ -1,0 +1,104 @@
+"""The flagos device on the host runtime behaves like CPU."""
+
+import torch
+
+import flagos_core
+
+
+def test_device_is_registered():
+    assert torch._C._get_privateuse1_backend_name() == "flagos"
+    assert torch.flagos.is_available()
+    assert torch.flagos.device_count() >= 1
+    assert flagos_core.runtime()["name"] == "host"
+    x = torch.ones(2, device="flagos")
+    assert x.device.type == "flagos" and x.is_flagos
+
+
+def test_arithmetic_matches_cpu_bitwise():
+    torch.manual_seed(0)
+    a, b = torch.randn(17, 33), torch.randn(33, 5)
+    fa, fb = a.to("flagos"), b.to("flagos")
+    assert torch.equal((fa @ fb).cpu(), a @ b)
+    assert torch.equal((fa.sin() * 3 + fa.exp()).cpu(), a.sin() * 3 + a.exp())
+    assert torch.equal(fa.sum(dim=1).cpu(), a.sum(dim=1))
+    assert torch.equal(torch.softmax(fa, -1).cpu(), torch.softmax(a, -1))
+
+
+def test_views_share_memory():
+    x = torch.zeros(4, 4, device="flagos")
+    v = x.view(16)[3:7]
+    v.fill_(2.0)
+    assert x.cpu().view(16)[3:7].eq(2).all()
+    assert x.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+    t = x.t()
+    t[0, 1] = 5
+    assert x[1, 0].item() == 5
+
+
+def test_out_variant_resizes_the_flagos_tensor():
+    a = torch.arange(6.0).to("flagos")
+    out = torch.empty(0, device="flagos")
+    result = torch.add(a, a, out=out)
+    assert result is out
+    assert out.shape == (6,)
+    assert torch.equal(out.cpu(), torch.arange(6.0) * 2)
+
+
+def test_in_place_returns_self():
+    a = torch.ones(3, device="flagos")
+    assert a.add_(1) is a
+    assert torch.equal(a.cpu(), torch.full((3,), 2.0))
+
+
+def test_autograd_matches_cpu():
+    torch.manual_seed(1)
+    w = torch.randn(8, 4, requires_grad=True)
+    x = torch.randn(3, 8)
+    fw = w.detach().to("flagos").requires_grad_()
+    (x @ w).tanh().sum().backward()
+    (x.to("flagos") @ fw).tanh().sum().backward()
+    assert fw.grad.device.type == "flagos"
+    assert torch.equal(fw.grad.cpu(), w.grad)
+
+
+def test_seeded_random_matches_cpu():
+    for make in (
+        lambda d: torch.randn(100, device=d),
+        lambda d: torch.rand(100, device=d),
+        lambda d: torch.randint(0, 1000, (100,), device=d),
+    ):
+        torch.manual_seed(1234)
+        expected = make("cpu")
+        torch.manual_seed(1234)
+        got = make("flagos")
+        assert torch.equal(got.cpu(), expected)
+
+
+def test_flagos_generator_state_is_its_own():
+    torch.flagos.manual_seed(7)
+    state = torch.flagos.get_rng_state()
+    first = torch.randn(5, device="flagos")
+    torch.randn(5)  # CPU draws do not move the flagos generator
+    torch.flagos.set_rng_state(state)
+    assert torch.equal(torch.randn(5, device="flagos").cpu(), first.cpu())
+
+
+def test_mixing_flagos_and_cpu_is_the_usual_error():
+    a = torch.ones(3, device="flagos")
+    try:
+        a + torch.ones(3)
+    except RuntimeError as e:
+        assert "Expected all tensors to be on the same device" in str(e)
+        assert "flagos:0" in str(e) and "cpu" in str(e)
+    else:
+        raise AssertionError("mixing flagos and cpu tensors did not raise")
+    # A 0-dim CPU tensor is a scalar, as on other accelerators.
+    assert torch.equal((a + torch.tensor(2.0)).cpu(), torch.full((3,), 3.0))
+
+
+def test_module_and_tensor_methods():
+    m = torch.nn.Linear(3, 2).flagos()
+    assert next(m.parameters()).device.type == "flagos"
+    assert torch.ones(2).flagos().device.type == "flagos"
+    s = torch.ones(2).untyped_storage().flagos()
+    assert s.device.type == "flagos"
