@@ -7,9 +7,17 @@ and installs `torch.flagos`.
 
 import os as _os
 
-import torch as _torch
 
-from . import _C
+def _autoload():
+    """Entry point of torch's `torch.backends` group: importing is the setup.
+
+    Defined before `import torch`, which may re-enter this module through
+    that very entry point when flagos_core is imported first."""
+
+
+import torch as _torch  # noqa: E402
+
+from . import _C  # noqa: E402
 from ._routing import route, route_layer, set_route, clear_route, routes, providers
 from ._trace import trace
 
@@ -57,10 +65,6 @@ def runtime():
 def plugins():
     """Discovered plugins. The host runtime is built in; no plugin is loaded yet."""
     return []
-
-
-def _autoload():
-    """Entry point of torch's `torch.backends` group: importing is the setup."""
 
 
 _setup()

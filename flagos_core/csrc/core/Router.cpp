@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -41,6 +42,7 @@ struct Router {
   std::vector<std::shared_ptr<KernelProvider>> providers;
   KernelProvider* default_provider = nullptr;
   std::atomic<int> trace_depth{0};
+  std::atomic<bool> log_dispatch{false};
   std::unique_ptr<std::atomic<uint64_t>[]> counters;
 
   Router() {
@@ -138,6 +140,9 @@ void dispatchSlot(size_t index, const c10::OperatorHandle& op, c10::DispatchKeyS
   }
   if (C10_UNLIKELY(r.trace_depth.load(std::memory_order_relaxed) > 0)) {
     r.counters[index * kMaxProviders + provider->index].fetch_add(1, std::memory_order_relaxed);
+  }
+  if (C10_UNLIKELY(r.log_dispatch.load(std::memory_order_relaxed))) {
+    std::fprintf(stderr, "flagos: %s -> %s\n", slot.name.c_str(), provider->name().c_str());
   }
   provider->call(op, keys, stack, OpSlotInfo{index, slot.exact_device});
 }
@@ -304,6 +309,37 @@ void setDefaultProvider(const std::string& provider_name) {
       r.slots[i].provider.store(nullptr, std::memory_order_release);
     }
   }
+}
+
+std::vector<std::string> slotNames() {
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::string> names;
+  names.reserve(r.slot_count);
+  for (size_t i = 0; i < r.slot_count; ++i) {
+    if (!coreOwned().count(r.slots[i].name)) {
+      names.push_back(r.slots[i].name);
+    }
+  }
+  return names;
+}
+
+bool canServe(const std::string& overload, const std::string& provider_name) {
+  auto handle = findHandle(canonicalName(overload));
+  TORCH_CHECK(handle.has_value(), "flagos: unknown operator overload '", overload, "'");
+  KernelProvider* provider = findProvider(provider_name);
+  TORCH_CHECK(provider != nullptr, "flagos: unknown provider '", provider_name, "'; valid providers: ", [] {
+    std::string out;
+    for (const auto& n : providerNames()) {
+      out += (out.empty() ? "" : ", ") + n;
+    }
+    return out;
+  }());
+  return provider->canServe(*handle);
+}
+
+void setLogDispatch(bool enabled) {
+  router().log_dispatch.store(enabled);
 }
 
 void traceBegin() {

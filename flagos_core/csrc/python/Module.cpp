@@ -88,6 +88,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_route_layer", &routeLayerOf);
   m.def("_set_route", &setRoute);
   m.def("_clear_route", &clearRoute);
+  m.def("_slot_names", &slotNames);
+  m.def("_can_serve", &canServe);
+  m.def("_set_log_dispatch", &setLogDispatch);
   m.def("_trace_begin", &traceBegin);
   m.def("_trace_end", [] {
     py::dict out;

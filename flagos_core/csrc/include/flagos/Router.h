@@ -32,6 +32,13 @@ FLAGOS_API void clearRoute(const std::string& overload);
 // provider); cpu_fallback serves what that one cannot.
 FLAGOS_API void setDefaultProvider(const std::string& provider);
 
+// Every overload that has a slot now (generated ones first).
+FLAGOS_API std::vector<std::string> slotNames();
+// Whether `provider` has a kernel for `overload`.
+FLAGOS_API bool canServe(const std::string& overload, const std::string& provider);
+// FLAGOS_LOG_DISPATCH: log each call as `overload -> provider` on stderr.
+FLAGOS_API void setLogDispatch(bool enabled);
+
 // Tracing: counts per (overload, provider) while at least one trace is open.
 FLAGOS_API void traceBegin();
 FLAGOS_API std::map<std::pair<std::string, std::string>, uint64_t> traceEnd();
