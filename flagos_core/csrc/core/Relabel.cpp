@@ -251,6 +251,10 @@ void RelabelProvider::call(
     Stack* stack,
     const OpSlotInfo& info) {
   DeviceRuntime& rt = activeRuntime();
+  if (info.metadata_only) {
+    op.redispatchBoxed(c10::DispatchKeySet(rt.nativeDispatchKey()), stack);
+    return;
+  }
   const auto& schema = op.schema();
   const auto& args = schema.arguments();
   const size_t first = stack->size() - args.size();
@@ -282,7 +286,7 @@ void RelabelProvider::call(
       const c10::Storage storage = v.toStorage();
       state.noteDevice(storage.device(), args[i]);
       v = nativeStorageFor(storage.unsafeGetStorageImpl(), rt.nativeDevice(storage.device().index()));
-    } else if (v.isGenerator() || (v.isNone() && isOptionalGenerator(args[i]))) {
+    } else if (v.isGenerator() || (info.takes_generator && v.isNone() && isOptionalGenerator(args[i]))) {
       generator_args.push_back(i);
     } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
       device_args.push_back(i);
@@ -308,18 +312,13 @@ void RelabelProvider::call(
     v = rt.nativeGenerator(v.isGenerator() ? v.toGenerator() : rt.defaultGenerator(index));
   }
 
-  bool writes = false;
-  for (const auto& arg : args) {
-    writes = writes || (arg.alias_info() && arg.alias_info()->isWrite());
-  }
-
   c10::OptionalDeviceGuard guard;
   if (state.device && state.device->index() != rt.getDevice().index()) {
     guard.reset_device(*state.device);
   }
   runNative(op, stack, index);
 
-  if (writes) {
+  if (info.writes) {
     for (const Alias& a : state.aliases) {
       state.writeBack(a, index);
     }

@@ -28,6 +28,9 @@ struct Slot {
   // Everything below is guarded by Router::mutex.
   std::string name;
   bool exact_device = false;
+  bool writes = false; // published with `provider`
+  bool takes_generator = false;
+  bool metadata_only = false;
   KernelProvider* explicit_provider = nullptr;
   std::string layer = "default";
 };
@@ -110,6 +113,20 @@ std::optional<c10::OperatorHandle> findHandle(const std::string& overload) {
   return c10::Dispatcher::singleton().findOp(name);
 }
 
+// What providers need to know of an overload's schema, read once.
+void describe(Slot& slot, const c10::OperatorHandle& op) {
+  static const std::unordered_set<std::string> metadata_views = {
+      "view", "view.dtype", "as_strided", "_reshape_alias", "unfold", "view_as_real", "view_as_complex"};
+  slot.metadata_only = metadata_views.count(slot.name) != 0;
+  for (const auto& arg : op.schema().arguments()) {
+    slot.writes = slot.writes || (arg.alias_info() && arg.alias_info()->isWrite());
+    const auto& type = arg.type();
+    slot.takes_generator = slot.takes_generator ||
+        (type->kind() == c10::TypeKind::OptionalType &&
+         type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType);
+  }
+}
+
 KernelProvider* resolve(size_t index, const c10::OperatorHandle& op) {
   Router& r = router();
   std::lock_guard<std::mutex> lock(r.mutex);
@@ -127,6 +144,7 @@ KernelProvider* resolve(size_t index, const c10::OperatorHandle& op) {
         " has no kernel)";
   }
   TORCH_CHECK(chosen != nullptr, "flagos: no provider can run ", slot.name, "; live providers: ", r.providerListLocked());
+  describe(slot, op);
   slot.provider.store(chosen, std::memory_order_release);
   return chosen;
 }
@@ -144,7 +162,7 @@ void dispatchSlot(size_t index, const c10::OperatorHandle& op, c10::DispatchKeyS
   if (C10_UNLIKELY(r.log_dispatch.load(std::memory_order_relaxed))) {
     std::fprintf(stderr, "flagos: %s -> %s\n", slot.name.c_str(), provider->name().c_str());
   }
-  provider->call(op, keys, stack, OpSlotInfo{index, slot.exact_device});
+  provider->call(op, keys, stack, OpSlotInfo{index, slot.exact_device, slot.writes, slot.takes_generator, slot.metadata_only});
 }
 
 // The kernel registered for each generated overload: it carries its slot.
@@ -285,7 +303,12 @@ void setRoute(const std::string& overload, const std::string& provider_name, con
   Slot& slot = r.slots[index];
   slot.explicit_provider = provider;
   slot.layer = layer;
-  slot.provider.store(provider, std::memory_order_release);
+  if (handle) {
+    describe(slot, *handle);
+    slot.provider.store(provider, std::memory_order_release);
+  } else {
+    slot.provider.store(nullptr, std::memory_order_release); // resolved, and described, on first call
+  }
 }
 
 void clearRoute(const std::string& overload) {

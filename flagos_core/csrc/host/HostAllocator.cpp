@@ -97,32 +97,25 @@ c10::DataPtr HostCachingAllocator::allocateOn(size_t nbytes, c10::DeviceIndex in
   }
   Pool& pool = *pools_[index];
   const size_t size = roundSize(nbytes);
+  std::lock_guard<std::mutex> lock(pool.mutex);
   Block* block = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(pool.mutex);
-    auto found = pool.free_blocks.find(size);
-    if (found != pool.free_blocks.end() && !found->second.empty()) {
-      block = found->second.back();
-      found->second.pop_back();
-    }
-  }
-  if (block == nullptr) {
+  auto found = pool.free_blocks.find(size);
+  if (found != pool.free_blocks.end() && !found->second.empty()) {
+    block = found->second.back();
+    found->second.pop_back();
+  } else {
     void* data = std::aligned_alloc(kAlignment, size);
     TORCH_CHECK(data != nullptr, "flagos: host device out of memory allocating ", size, " bytes");
     block = new Block{data, size, 0, &pool};
-    std::lock_guard<std::mutex> lock(pool.mutex);
     update(pool.stats.reserved_bytes, static_cast<int64_t>(size));
     update(pool.stats.segment, 1);
   }
   block->requested = nbytes;
-  {
-    std::lock_guard<std::mutex> lock(pool.mutex);
-    update(pool.stats.allocated_bytes, static_cast<int64_t>(size));
-    update(pool.stats.active_bytes, static_cast<int64_t>(size));
-    update(pool.stats.requested_bytes, static_cast<int64_t>(nbytes));
-    update(pool.stats.allocation, 1);
-    update(pool.stats.active, 1);
-  }
+  update(pool.stats.allocated_bytes, static_cast<int64_t>(size));
+  update(pool.stats.active_bytes, static_cast<int64_t>(size));
+  update(pool.stats.requested_bytes, static_cast<int64_t>(nbytes));
+  update(pool.stats.allocation, 1);
+  update(pool.stats.active, 1);
   return c10::DataPtr(block->data, block, &freeBlock, label);
 }
 

@@ -19,6 +19,13 @@ struct OpSlotInfo {
   size_t slot;
   // PyTorch's `device_check: ExactSame`: every tensor argument on one device.
   bool exact_device;
+  // Some argument is written (in-place / out=): resizes must be carried back.
+  bool writes;
+  // Some argument is a Generator?.
+  bool takes_generator;
+  // A view op whose native kernel only makes a TensorImpl over the same
+  // storage with the input's keys: it runs on flagos tensors as they are.
+  bool metadata_only;
 };
 
 class FLAGOS_API KernelProvider {
