@@ -116,13 +116,17 @@ def bench_train(demo, native, flagos, rounds, steps_per_block):
 
 
 def machine_info(native):
-    info = {"torch": torch.__version__, "python": platform.python_version()}
+    info = {"torch": torch.__version__, "python": platform.python_version(),
+            "torch_threads": torch.get_num_threads()}
     try:
         with open("/proc/cpuinfo") as f:
             names = [l.split(":", 1)[1].strip() for l in f if l.startswith("model name")]
         info["cpu"] = f"{names[0]} x{len(names)}" if names else platform.processor()
     except OSError:
         info["cpu"] = platform.processor()
+    # Other work on the machine shows up as noise in every ratio; record it.
+    info["load_average_1min"] = os.getloadavg()[0]
+    info["cpu_count"] = os.cpu_count()
     if native.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(native)
     return info
@@ -150,7 +154,11 @@ def main(argv=None):
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--native-only", action="store_true",
                         help="time the native device against itself (no flagos needed)")
+    parser.add_argument("--threads", type=int,
+                        help="torch intra-op threads (1 keeps thread-pool wake-ups out of per-op times)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     calls, op_rounds = (2000, 5) if args.quick else (5000, 9)
     train_rounds, steps_per_block = (3, 2) if args.quick else (5, 5)
@@ -190,7 +198,9 @@ def main(argv=None):
     print(f"{result['date']}  torch {m['torch']}  {m.get('gpu', m['cpu'])}")
     print(f"runtime {runtime}, native {native}; {op_rounds} rounds x {calls} calls per op, "
           f"{train_rounds} rounds x {steps_per_block} train steps; medians of interleaved blocks")
-    print(f"training losses bitwise equal: {'yes' if losses_equal else 'NO'}")
+    print(f"training losses bitwise equal: {'yes' if losses_equal else 'NO'};  "
+          f"load average {m['load_average_1min']:.1f} on {m['cpu_count']} CPUs, "
+          f"{m['torch_threads']} torch threads")
     print()
     print_table(rows)
     return 0

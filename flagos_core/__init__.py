@@ -20,51 +20,80 @@ import torch as _torch  # noqa: E402
 from . import _C  # noqa: E402
 from ._routing import route, route_layer, set_route, clear_route, routes, providers
 from ._trace import trace
+from . import _plugins  # noqa: E402
+from . import _conf  # noqa: E402
+from ._conf import ConfError, load_conf  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [
     "runtime", "plugins", "providers", "route", "route_layer", "set_route", "clear_route", "routes", "trace",
+    "ConfError", "load_conf", "register_python_provider", "as_native", "from_native", "cmake_prefix_path",
 ]
 
 _BACKEND = "flagos"
 
 
-def _host_device_count():
-    value = _os.environ.get("FLAGOS_HOST_DEVICES", "1")
-    try:
-        count = int(value)
-    except ValueError:
-        raise ValueError(f"FLAGOS_HOST_DEVICES must be a whole number of devices (1 to 64), got {value!r}") from None
-    if not 1 <= count <= 64:
-        raise ValueError(f"FLAGOS_HOST_DEVICES must be between 1 and 64, got {count}")
-    return count
-
-
 def _setup():
+    global _PLUGINS
+    _PLUGINS = _plugins.Plugins()
+    _PLUGINS.discover()
     if not _C._has_runtime():
-        _C._activate_host_runtime(_host_device_count())
+        _PLUGINS.activate()
     if _torch._C._get_privateuse1_backend_name() != _BACKEND:
         _torch.utils.rename_privateuse1_backend(_BACKEND)
     from . import _device_module
 
     _torch._register_device_module(_BACKEND, _device_module)
+    _PLUGINS.manager.hook.flagos_extend_device_module(module=_device_module, runtime=_C._runtime_name())
     _torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+    _keep_parameters_when_moving_modules()
+    _conf.configure(_PLUGINS.confs())  # routing confs and FLAGOS_LOG_DISPATCH; raises ConfError
+
+
+def _keep_parameters_when_moving_modules():
+    """Module.to("flagos") keeps each Parameter object (so tied weights stay
+    tied) only by swapping tensors: PyTorch's `param.data = ...` path does not
+    accept PrivateUse1 tensors. FLAGOS_SWAP_MODULE_PARAMS=0 leaves torch's
+    default alone."""
+    if _os.environ.get("FLAGOS_SWAP_MODULE_PARAMS", "1") != "0":
+        _torch.__future__.set_swap_module_params_on_conversion(True)
 
 
 def runtime():
     """The active device runtime: name, plugin, version, device count."""
     name = _C._runtime_name()
+    owner = next((p for p in _PLUGINS.statuses if p.runtime == name), None)
     return {
         "name": name,
-        "plugin": "flagos-core" if name == "host" else name,
-        "version": __version__,
+        "plugin": owner.name if owner else "?",
+        "version": owner.version if owner else "?",
         "device_count": _C._device_count(),
     }
 
 
 def plugins():
-    """Discovered plugins. The host runtime is built in; no plugin is loaded yet."""
-    return []
+    """Discovered plugins: name, version, loaded, and why one was refused."""
+    return [p.as_dict() for p in _PLUGINS.statuses]
+
+
+def register_python_provider(name, kernels):
+    """Registers a provider whose kernels are Python callables by overload name."""
+    _C._register_python_provider(name, dict(kernels))
+
+
+def as_native(tensor):
+    """The flagos tensor's memory as a tensor of the runtime's native device (no copy)."""
+    return _C._to_native(tensor)
+
+
+def from_native(tensor, index=None):
+    """A native-device tensor's memory as a flagos tensor (no copy)."""
+    return _C._from_native(tensor, _C._current_device() if index is None else index)
+
+
+def cmake_prefix_path():
+    """Folder holding flagos_coreConfig.cmake, for plugins built against this core."""
+    return _os.path.join(_os.path.dirname(_C.__file__), "share", "cmake")
 
 
 _setup()

@@ -4,9 +4,11 @@ Run at build time (CMake), never checked in: the table always matches the torch 
 core is compiled against, so no torch minor version is pinned.
 
 Each row is one ATen overload that has a backend kernel (CPU or CUDA, directly or via a
-structured delegate) and no CompositeImplicitAutograd kernel: those are the overloads that
-reach the PrivateUse1 key and need a routing slot. Composite overloads decompose as
-PyTorch decomposes them and are left to the dispatcher.
+structured delegate): those are the overloads that reach the PrivateUse1 key and need a
+routing slot. One that also has a CompositeImplicitAutograd kernel is listed too, since
+CPU and CUDA run their own kernel for it rather than the decomposition, and flagos must
+run what they run. Purely composite overloads decompose as PyTorch decomposes them and
+are left to the dispatcher.
 """
 
 import argparse
@@ -34,7 +36,7 @@ def routable_overloads():
         return delegate is not None and has_backend_kernel(by_name[str(delegate)])
 
     for f in parsed.native_functions:
-        if f.has_composite_implicit_autograd_kernel or not has_backend_kernel(f):
+        if not has_backend_kernel(f):
             continue
         name = str(f.func.name)
         exact_device = f.device_check == DeviceCheckType.ExactSame

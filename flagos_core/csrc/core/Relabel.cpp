@@ -290,6 +290,9 @@ void RelabelProvider::call(
       generator_args.push_back(i);
     } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
       device_args.push_back(i);
+    } else if (v.isStream() && v.toStream().device_type() == c10::DeviceType::PrivateUse1) {
+      const c10::Stream s = v.toStream(); // flagos streams are the native ones, relabelled
+      v = c10::Stream(c10::Stream::UNSAFE, rt.nativeDevice(s.device_index()), s.id());
     }
   }
 

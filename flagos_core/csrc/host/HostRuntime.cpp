@@ -3,10 +3,12 @@
 // active, and what CI runs on.
 
 #include "host/HostAllocator.h"
-#include "host/HostGenerator.h"
 #include "host/HostRuntime.h"
 
+#include <flagos/Generator.h>
 #include <flagos/Relabel.h>
+
+#include <ATen/CPUGeneratorImpl.h>
 #include <flagos/Router.h>
 
 #include <c10/core/CPUAllocator.h>
@@ -59,7 +61,7 @@ class HostRuntime final : public DeviceRuntime {
   explicit HostRuntime(c10::DeviceIndex devices)
       : devices_(devices), allocator_(devices, [] { return t_current_device; }), next_stream_(devices) {
     for (c10::DeviceIndex i = 0; i < devices; ++i) {
-      generators_.push_back(at::make_generator<HostGenerator>(i));
+      generators_.push_back(newGenerator(i));
       next_stream_[i].store(1);
     }
   }
@@ -91,13 +93,10 @@ class HostRuntime final : public DeviceRuntime {
   }
   at::Generator newGenerator(c10::DeviceIndex index) override {
     checkIndex(index);
-    return at::make_generator<HostGenerator>(index);
+    return at::make_generator<NativeBackedGenerator>(index, at::make_generator<at::CPUGeneratorImpl>());
   }
   at::Generator nativeGenerator(const at::Generator& gen) override {
-    if (auto* host = dynamic_cast<HostGenerator*>(gen.unsafeGetGeneratorImpl())) {
-      return host->native();
-    }
-    return gen; // already a CPU generator
+    return NativeBackedGenerator::unwrap(gen);
   }
   DeviceProperties properties(c10::DeviceIndex index) override {
     checkIndex(index);

@@ -4,6 +4,7 @@
 #include <flagos/Runtime.h>
 
 #include "host/HostRuntime.h"
+#include "python/PythonProvider.h"
 #include <flagos/Relabel.h>
 
 #include <torch/csrc/utils/pybind.h>
@@ -49,8 +50,19 @@ PYBIND11_MODULE(_C, m) {
   m.attr("PLUGIN_ABI_VERSION") = kPluginAbiVersion;
 
   m.def("_activate_host_runtime", [](int devices) {
-    registerCpuFallbackProvider();
     host::activateHostRuntime(static_cast<c10::DeviceIndex>(devices));
+  });
+  m.def("_register_cpu_fallback", &registerCpuFallbackProvider);
+  m.def("_register_python_provider", &registerPythonProvider);
+  m.def("_to_native", [](const at::Tensor& t) {
+    TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "flagos: as_native needs a flagos tensor, got ", t.device());
+    return toNative(t, activeRuntime().nativeDevice(t.device().index()));
+  });
+  m.def("_from_native", [](const at::Tensor& t, int index) {
+    activeRuntime().checkIndex(static_cast<c10::DeviceIndex>(index));
+    TORCH_CHECK(t.device().type() == activeRuntime().nativeDeviceType(), "flagos: from_native needs a ",
+                c10::DeviceTypeName(activeRuntime().nativeDeviceType(), true), " tensor, got ", t.device());
+    return adoptNative(t, static_cast<c10::DeviceIndex>(index));
   });
   m.def("_has_runtime", &hasActiveRuntime);
   m.def("_runtime_name", [] { return activeRuntime().name(); });
@@ -82,7 +94,6 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_empty_cache", [] { activeRuntime().allocator()->emptyCache(); });
 
-  m.def("_debug_alias", [](const at::Tensor& t) { return toNative(t, c10::Device(c10::kCPU)); });
   m.def("_providers", &providerNames);
   m.def("_route", &routeOf);
   m.def("_route_layer", &routeLayerOf);

@@ -1,0 +1,96 @@
+"""Qwen3-0.6B on flagos (cuda runtime) vs native CUDA on one GPU: training
+throughput (bf16, batch 1 x 128 and 8 x 1024), greedy decode, peak memory of
+a training step. Blocks alternate between the sides, medians, ratios;
+exactness rides along (same seed and data on both sides).
+
+Native training runs in a helper process (native_side.py says why); decode
+runs both sides in this process.
+
+    python benchmarks/bench_qwen3_cuda.py [--rounds 3] [--json PATH]
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import flagos_core
+import qwen3_06b
+from native_side import NativeSide
+
+
+def bench_training(native, batch, seq, rounds, steps):
+    common = dict(batch=batch, seq=seq, steps_per_block=steps, blocks=rounds + 1)
+    native("trainer", dtype="bfloat16", **common)
+    local = qwen3_06b.Trainer("flagos", torch.bfloat16, **common)
+    times = {"cuda": [], "flagos": []}
+    losses = {"cuda": [], "flagos": []}
+    for r in range(rounds + 1):  # round 0 warms up
+        reply = native("block", index=r)
+        seconds, flagos_losses = local.block(r)
+        losses["cuda"] += reply["losses"]
+        losses["flagos"] += flagos_losses
+        if r > 0:
+            times["cuda"].append(reply["seconds"])
+            times["flagos"].append(seconds)
+    peaks = {"cuda": native("peak", index=0)["bytes"], "flagos": local.peak_bytes(0)}
+    local.close()
+    tokens = batch * seq * steps
+    tok_s = {side: tokens / statistics.median(t) for side, t in times.items()}
+    return tok_s, losses["cuda"] == losses["flagos"], peaks
+
+
+def bench_decode(rounds, new_tokens):
+    sides = ("cuda", "flagos")
+    models = {d: qwen3_06b.build(d, torch.bfloat16).eval() for d in sides}
+    prompt = qwen3_06b.batches(1, 1, 16)[0]
+    times = {d: [] for d in sides}
+    tokens = {}
+    for r in range(rounds + 1):
+        for d in sides:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            tokens[d] = qwen3_06b.greedy(models[d], prompt, new_tokens, d)
+            torch.cuda.synchronize()
+            if r > 0:
+                times[d].append(time.perf_counter() - start)
+    del models
+    torch.cuda.empty_cache()
+    return {d: new_tokens / statistics.median(times[d]) for d in sides}, torch.equal(tokens["cuda"], tokens["flagos"])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    assert flagos_core.runtime()["name"] == "cuda", "flagos is not on the cuda runtime here"
+    rows = []
+    native = NativeSide()
+    try:
+        for batch, seq, steps in ((1, 128, 8), (8, 1024, 3)):
+            tok_s, same, peaks = bench_training(native, batch, seq, args.rounds, steps)
+            rows.append((f"train bf16 {batch}x{seq} tok/s", tok_s["cuda"], tok_s["flagos"],
+                         tok_s["flagos"] / tok_s["cuda"], ">= 0.98", same))
+            rows.append((f"peak mem train {batch}x{seq} MiB", peaks["cuda"] / 2**20, peaks["flagos"] / 2**20,
+                         peaks["flagos"] / peaks["cuda"], "<= 1.01", None))
+    finally:
+        native.close()
+    tok_s, same = bench_decode(args.rounds, 64)
+    rows.append(("decode bs1 64 tokens tok/s", tok_s["cuda"], tok_s["flagos"], tok_s["flagos"] / tok_s["cuda"],
+                 ">= 0.97", same))
+    print(f"\nQwen3-0.6B, {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    print(f"{'measure':34s} {'native':>12s} {'flagos':>12s} {'ratio':>7s} {'target':>8s}  exact")
+    for name, n, f, ratio, target, same in rows:
+        exact = "-" if same is None else ("yes" if same else "NO")
+        print(f"{name:34s} {n:12.1f} {f:12.1f} {ratio:7.3f} {target:>8s}  {exact}")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump([dict(zip(("measure", "native", "flagos", "ratio", "target", "exact"), r)) for r in rows],
+                      out, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""The core's own plugin: the host runtime and the host / cpu_fallback
+providers, registered through the same hooks as any other plugin."""
+
+import os
+
+from . import _C
+from .hookspecs import PluginInfo, ProviderSpec, RuntimeSpec, hookimpl
+
+NAME = "flagos-core"
+
+
+def _host_device_count():
+    value = os.environ.get("FLAGOS_HOST_DEVICES", "1")
+    try:
+        count = int(value)
+    except ValueError:
+        raise ValueError(f"FLAGOS_HOST_DEVICES must be a whole number of devices (1 to 64), got {value!r}") from None
+    if not 1 <= count <= 64:
+        raise ValueError(f"FLAGOS_HOST_DEVICES must be between 1 and 64, got {count}")
+    return count
+
+
+@hookimpl
+def flagos_plugin_info():
+    from . import __version__
+
+    return PluginInfo(name=NAME, version=__version__)
+
+
+@hookimpl
+def flagos_runtimes():
+    return [RuntimeSpec(
+        name="host", priority=0, is_available=lambda: True,
+        activate=lambda: _C._activate_host_runtime(_host_device_count()))]
+
+
+@hookimpl
+def flagos_providers():
+    # `host` is registered by the host runtime itself: it only makes sense on
+    # host memory.
+    return [ProviderSpec(name="cpu_fallback", register=_C._register_cpu_fallback)]

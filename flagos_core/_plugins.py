@@ -1,0 +1,131 @@
+"""Plugin discovery (entry-point group `flagos.plugins`), the ABI and torch
+checks, and the choice of the process's runtime."""
+
+import dataclasses
+import os
+from importlib import metadata
+from typing import List, Optional
+
+import pluggy
+import torch
+
+from . import _C, _builtin, hookspecs
+
+ENTRY_POINT_GROUP = "flagos.plugins"
+RUNTIME_ENV = "FLAGOS_RUNTIME"
+
+
+@dataclasses.dataclass
+class PluginStatus:
+    name: str
+    version: str
+    loaded: bool
+    reason: str = ""  # why it was refused, when it was
+    runtime: Optional[str] = None  # the runtime it provides, if active
+
+    def as_dict(self):
+        return dataclasses.asdict(self)
+
+
+class PluginError(RuntimeError):
+    """A runtime choice that cannot be honoured (FLAGOS_RUNTIME)."""
+
+
+def build_mismatch(info: hookspecs.PluginInfo) -> str:
+    """Why a plugin's compiled code cannot be loaded into this core, or ''."""
+    problems = []
+    if info.abi_version is not None and info.abi_version != _C.PLUGIN_ABI_VERSION:
+        problems.append(f"plugin ABI {info.abi_version} (this core has plugin ABI {_C.PLUGIN_ABI_VERSION})")
+    if info.torch_version is not None and info.torch_version != torch.__version__:
+        problems.append(f"torch {info.torch_version} (this process has torch {torch.__version__})")
+    if not problems:
+        return ""
+    return (f"{info.name} {info.version} was built for " + " and ".join(problems) +
+            f"; rebuild {info.name} against flagos-core {_core_version()} and this torch")
+
+
+def _core_version():
+    from . import __version__
+
+    return __version__
+
+
+class Plugins:
+    def __init__(self):
+        self.manager = pluggy.PluginManager(hookspecs.PROJECT)
+        self.manager.add_hookspecs(hookspecs)
+        self.statuses: List[PluginStatus] = []
+        self.owner = {}  # plugin module -> status
+        self._register(_builtin, entry_name=_builtin.NAME)
+
+    def _register(self, module, entry_name):
+        info_impl = getattr(module, "flagos_plugin_info", None)
+        if info_impl is None:
+            self.statuses.append(PluginStatus(entry_name, "?", False, "it defines no flagos_plugin_info hook"))
+            return
+        info = info_impl()
+        reason = build_mismatch(info)
+        status = PluginStatus(info.name, info.version, not reason, reason)
+        self.statuses.append(status)
+        if not reason:
+            self.manager.register(module, name=info.name)
+            self.owner[module] = status
+
+    def discover(self):
+        for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                module = entry.load()
+                self._register(module, entry.name)
+            except Exception as error:  # a broken plugin must not break torch
+                self.statuses.append(PluginStatus(entry.name, _dist_version(entry), False,
+                                                  f"loading it failed: {type(error).__name__}: {error}"))
+
+    def _impls(self, hook_name):
+        """(plugin module, hook result) for each registered plugin."""
+        hook = getattr(self.manager.hook, hook_name)
+        for impl in hook.get_hookimpls():
+            yield impl.plugin, impl.function()
+
+    def runtimes(self):
+        found = []
+        for plugin, specs in self._impls("flagos_runtimes"):
+            for spec in specs or []:
+                found.append((plugin, spec))
+        return found
+
+    def choose_runtime(self):
+        candidates = self.runtimes()
+        wanted = os.environ.get(RUNTIME_ENV)
+        if wanted:
+            named = [(p, s) for p, s in candidates if s.name == wanted]
+            if not named:
+                valid = ", ".join(sorted(s.name for _, s in candidates))
+                raise PluginError(f"{RUNTIME_ENV}={wanted}: no loaded plugin provides that runtime; valid: {valid}")
+            plugin, spec = named[0]
+            if not spec.is_available():
+                raise PluginError(f"{RUNTIME_ENV}={wanted}: the {wanted} runtime's hardware is not available here")
+            return plugin, spec
+        available = [(p, s) for p, s in candidates if s.is_available()]
+        return max(available, key=lambda ps: ps[1].priority)
+
+    def activate(self):
+        plugin, spec = self.choose_runtime()
+        spec.activate()
+        self.owner[plugin].runtime = spec.name
+        for _, providers in self._impls("flagos_providers"):
+            for provider in providers or []:
+                provider.register()
+
+    def confs(self):
+        """(plugin name, path) of every conf shipped by a loaded plugin."""
+        out = []
+        for plugin, paths in self._impls("flagos_confs"):
+            out += [(self.owner[plugin].name, path) for path in paths or []]
+        return out
+
+
+def _dist_version(entry):
+    try:
+        return entry.dist.version if entry.dist else "?"
+    except Exception:
+        return "?"

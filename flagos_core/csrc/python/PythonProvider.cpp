@@ -1,0 +1,88 @@
+// Kernel providers written in Python: a dict {overload: callable}. The
+// callable gets the call's arguments as Python objects (flagos tensors) and
+// returns its results.
+
+#include "python/PythonProvider.h"
+
+#include <flagos/Router.h>
+
+#include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <mutex>
+#include <unordered_map>
+
+namespace py = pybind11;
+
+namespace flagos {
+namespace {
+
+std::string overloadName(const c10::OperatorHandle& op) {
+  const auto& n = op.operator_name();
+  std::string name = n.name.rfind("aten::", 0) == 0 ? n.name.substr(6) : n.name;
+  return n.overload_name.empty() ? name : name + "." + n.overload_name;
+}
+
+class PythonProvider final : public KernelProvider {
+ public:
+  PythonProvider(std::string name, py::dict kernels) : KernelProvider(std::move(name)) {
+    for (auto item : kernels) {
+      std::string op = py::cast<std::string>(item.first);
+      if (op.rfind("aten::", 0) == 0) {
+        op = op.substr(6);
+      }
+      kernels_.emplace(op, py::reinterpret_borrow<py::object>(item.second));
+    }
+  }
+
+  ~PythonProvider() override {
+    py::gil_scoped_acquire gil;
+    kernels_.clear();
+  }
+
+  bool canServe(const c10::OperatorHandle& op) const override {
+    return kernels_.count(overloadName(op)) != 0;
+  }
+
+  void call(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack, const OpSlotInfo&) override {
+    const auto& schema = op.schema();
+    const size_t nargs = schema.arguments().size();
+    auto args = torch::jit::last(*stack, nargs).vec();
+    torch::jit::drop(*stack, nargs);
+
+    py::gil_scoped_acquire gil;
+    auto found = kernels_.find(overloadName(op));
+    TORCH_CHECK(found != kernels_.end(), "flagos: provider '", name(), "' has no kernel for ", op.operator_name());
+    py::tuple py_args(nargs);
+    for (size_t i = 0; i < nargs; ++i) {
+      py_args[i] = torch::jit::toPyObject(std::move(args[i]));
+    }
+    py::object result = found->second(*py_args);
+
+    const auto& returns = schema.returns();
+    if (returns.size() == 1) {
+      stack->push_back(torch::jit::toIValue(result, returns[0].real_type()));
+    } else if (!returns.empty()) {
+      auto items = py::cast<py::sequence>(result);
+      TORCH_CHECK(
+          items.size() == returns.size(), "flagos: provider '", name(), "' returned ", items.size(),
+          " values for ", op.operator_name(), ", which returns ", returns.size());
+      for (size_t i = 0; i < returns.size(); ++i) {
+        stack->push_back(torch::jit::toIValue(items[i], returns[i].real_type()));
+      }
+    }
+  }
+
+ private:
+  std::unordered_map<std::string, py::object> kernels_;
+};
+
+} // namespace
+
+void registerPythonProvider(const std::string& name, const py::dict& kernels) {
+  for (const auto& existing : providerNames()) {
+    TORCH_CHECK(existing != name, "flagos: a provider named '", name, "' is already registered");
+  }
+  registerProvider(std::make_shared<PythonProvider>(name, kernels));
+}
+
+} // namespace flagos

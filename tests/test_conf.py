@@ -1,0 +1,335 @@
+"""Routing confs: layers, file formats, globs, `default:`, and their errors."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import flagos_core
+from flagos_core import _C, _conf
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def restore_routes(monkeypatch):
+    """Routes are process-global: put every one back as it was."""
+    before = {name: (_C._route(name), _C._route_layer(name)) for name in _C._slot_names()}
+    monkeypatch.setattr(_conf, "_applied", dict(_conf._applied))
+    yield
+    for name, (provider, layer) in before.items():
+        if (_C._route(name), _C._route_layer(name)) != (provider, layer):
+            _C._clear_route(name)
+            if not layer.startswith("default"):
+                _C._set_route(name, provider, layer)
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def run_python(code, **env):
+    """Run `code` in a fresh interpreter with only the given FLAGOS_* variables."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env={**clean, **env},
+        capture_output=True, text=True, timeout=120)
+
+
+def conf_error(tmp_path, text, name="bad.yaml"):
+    path = write(tmp_path / name, text)
+    with pytest.raises(flagos_core.ConfError) as info:
+        flagos_core.load_conf(path)
+    return str(info.value), path
+
+
+# ---------------------------------------------------------------- routing
+
+
+def test_conf_route_sends_calls_to_that_provider_and_results_match_cpu(tmp_path):
+    path = write(tmp_path / "r.yaml", """\
+        routes:
+          add.Tensor: cpu_fallback
+        """)
+    assert flagos_core.load_conf(path) == {"add.Tensor": "cpu_fallback"}
+    assert flagos_core.route("add.Tensor") == "cpu_fallback"
+    assert flagos_core.route_layer("add.Tensor") == f"conf:{path}:2"
+    a, b = torch.randn(5, 7), torch.randn(5, 7)
+    with flagos_core.trace() as t:
+        out = a.to("flagos") + b.to("flagos")
+    assert t.counts[("add.Tensor", "cpu_fallback")] == 1
+    assert ("add.Tensor", "host") not in t.counts
+    assert "add.Tensor" in t.fallbacks
+    assert torch.equal(out.cpu(), a + b)
+
+
+def test_exact_name_beats_glob_beats_default(tmp_path):
+    path = write(tmp_path / "g.yaml", """\
+        default: cpu_fallback
+        routes:
+          _foreach_add.List: cpu_fallback
+          "_foreach_*": host
+        """)
+    flagos_core.load_conf(path)
+    assert (flagos_core.route("mul.Tensor"), flagos_core.route_layer("mul.Tensor")) == (
+        "cpu_fallback", f"conf:{path}:1")
+    assert (flagos_core.route("_foreach_mul.List"), flagos_core.route_layer("_foreach_mul.List")) == (
+        "host", f"conf:{path}:4")
+    assert (flagos_core.route("_foreach_add.List"), flagos_core.route_layer("_foreach_add.List")) == (
+        "cpu_fallback", f"conf:{path}:3")
+    xs = [torch.randn(3), torch.randn(4)]
+    ys = [torch.randn(3), torch.randn(4)]
+    fx, fy = [x.to("flagos") for x in xs], [y.to("flagos") for y in ys]
+    with flagos_core.trace() as t:
+        added = torch._foreach_add(fx, fy)
+        multiplied = torch._foreach_mul(fx, fy)
+        product = fx[0] * fy[0]
+    assert t.counts[("_foreach_add.List", "cpu_fallback")] == 1
+    assert t.counts[("_foreach_mul.List", "host")] == 1
+    assert t.counts[("mul.Tensor", "cpu_fallback")] == 1
+    for got, want in zip(added + multiplied, torch._foreach_add(xs, ys) + torch._foreach_mul(xs, ys)):
+        assert torch.equal(got.cpu(), want)
+    assert torch.equal(product.cpu(), xs[0] * ys[0])
+
+
+def test_default_skips_ops_its_provider_cannot_serve(tmp_path):
+    unservable = next(n for n in _C._slot_names() if not _C._can_serve(n, "cpu_fallback"))
+    before = (flagos_core.route(unservable), flagos_core.route_layer(unservable))
+    applied = flagos_core.load_conf(write(tmp_path / "d.yaml", "default: cpu_fallback\n"))
+    assert unservable not in applied
+    assert (flagos_core.route(unservable), flagos_core.route_layer(unservable)) == before
+    servable = [n for n in _C._slot_names() if _C._can_serve(n, "cpu_fallback")]
+    assert sorted(applied) == sorted(servable)
+    assert all(flagos_core.route(n) == "cpu_fallback" for n in servable)
+
+
+def test_later_glob_in_a_file_wins(tmp_path):
+    path = write(tmp_path / "g.yaml", """\
+        routes:
+          "_foreach_*": cpu_fallback
+          "_foreach_add*": host
+        """)
+    flagos_core.load_conf(path)
+    assert flagos_core.route_layer("_foreach_add.List") == f"conf:{path}:3"
+    assert flagos_core.route("_foreach_sub.List") == "cpu_fallback"
+
+
+def test_include_is_relative_and_the_including_file_wins(tmp_path):
+    base = write(tmp_path / "sub" / "base.yaml", """\
+        routes:
+          add.Tensor: cpu_fallback
+          mul.Tensor: cpu_fallback
+        """)
+    main = write(tmp_path / "main.yaml", """\
+        include: sub/base.yaml
+        routes:
+          mul.Tensor: host
+        """)
+    flagos_core.load_conf(main)
+    assert (flagos_core.route("add.Tensor"), flagos_core.route_layer("add.Tensor")) == (
+        "cpu_fallback", f"conf:{base}:2")
+    assert (flagos_core.route("mul.Tensor"), flagos_core.route_layer("mul.Tensor")) == (
+        "host", f"conf:{main}:3")
+
+
+def test_include_cycle_is_an_error(tmp_path):
+    write(tmp_path / "b.yaml", "include: [a.yaml]\n")
+    message, a = conf_error(tmp_path, "routes: {}\ninclude: [b.yaml]\n", name="a.yaml")
+    assert "include cycle" in message
+    assert f"{tmp_path / 'b.yaml'}:1" in message
+    assert f"{a} -> {tmp_path / 'b.yaml'} -> {a}" in message
+
+
+def test_missing_include_names_the_including_line(tmp_path):
+    message, path = conf_error(tmp_path, "include:\n  - nowhere.yaml\n")
+    assert message.startswith(f"{path}:2: cannot read {tmp_path / 'nowhere.yaml'}")
+
+
+def test_upstream_dotconf_format(tmp_path):
+    write(tmp_path / "extra.conf", "mul.Tensor = cpu_fallback\n")
+    path = write(tmp_path / "ops.conf", """\
+        # upstream torch-fl format
+        include extra.conf
+
+        add.Tensor = cpu_fallback   # trailing comment
+        sub.Tensor=cpu_fallback
+        """)
+    assert flagos_core.load_conf(path) == {
+        "mul.Tensor": "cpu_fallback", "add.Tensor": "cpu_fallback", "sub.Tensor": "cpu_fallback"}
+    assert flagos_core.route_layer("add.Tensor") == f"conf:{path}:4"
+    assert flagos_core.route_layer("sub.Tensor") == f"conf:{path}:5"
+    assert flagos_core.route_layer("mul.Tensor") == f"conf:{tmp_path / 'extra.conf'}:1"
+
+
+def test_dotconf_bad_line_names_file_and_line(tmp_path):
+    message, path = conf_error(tmp_path, "# ok\nadd.Tensor cpu_fallback\n", name="bad.conf")
+    assert message.startswith(f"{path}:2: expected 'overload = provider' or 'include PATH'")
+
+
+def test_nothing_is_applied_when_a_file_has_an_error(tmp_path):
+    before = flagos_core.route_layer("add.Tensor")
+    message, path = conf_error(tmp_path, "routes:\n  add.Tensor: cpu_fallback\n  mul.Tensor: nope\n")
+    assert message.startswith(f"{path}:3: unknown provider 'nope'")
+    assert flagos_core.route_layer("add.Tensor") == before
+
+
+# ---------------------------------------------------------------- error texts
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    message, path = conf_error(tmp_path, "routes:\n  add.Tensor: host\n  mul.Tensor: [host\n")
+    assert message.startswith(f"{path}:4: malformed YAML")
+    assert "line 3" in message
+
+
+def test_unknown_provider_lists_the_valid_ones(tmp_path):
+    message, path = conf_error(tmp_path, "routes:\n  add.Tensor: host\n  mul.Tensor: cuda\n")
+    assert message == (
+        f"{path}:3: unknown provider 'cuda' for mul.Tensor; valid providers: "
+        + ", ".join(flagos_core.providers()))
+    assert "cpu_fallback" in message and "host" in message
+
+
+def test_unknown_op_suggests_the_nearest_names(tmp_path):
+    message, path = conf_error(tmp_path, "routes:\n  add.Tensr: host\n")
+    assert message.startswith(f"{path}:2: unknown overload 'add.Tensr'; did you mean add.Tensor")
+
+
+def test_glob_matching_nothing_is_an_error(tmp_path):
+    message, path = conf_error(tmp_path, "routes:\n  'no_such_op*': host\n")
+    assert message == f"{path}:2: 'no_such_op*' matches no overload"
+
+
+def test_provider_without_a_kernel_is_an_error(tmp_path):
+    op = next(n for n in _C._slot_names() if not _C._can_serve(n, "host"))
+    message, path = conf_error(tmp_path, f"routes:\n  {op}: host\n")
+    assert message == f"{path}:2: provider 'host' has no kernel for {op}"
+
+
+def test_unknown_key_and_wrong_shapes(tmp_path):
+    message, path = conf_error(tmp_path, "rout:\n  add.Tensor: host\n")
+    assert message == f"{path}:1: unknown key 'rout'; expected include, default or routes"
+    message, path = conf_error(tmp_path, "routes: [add.Tensor]\n")
+    assert message == f"{path}:1: expected a mapping of overload (or glob) to provider"
+    message, path = conf_error(tmp_path, "routes:\n  add.Tensor: host\n  add.Tensor: cpu_fallback\n")
+    assert message == f"{path}:3: add.Tensor is routed twice (first at line 2)"
+
+
+def test_shipped_core_defaults_are_valid():
+    confs = _conf.read_file(_conf.DEFAULT_CONF, "core")
+    plan = _conf.Plan()
+    for conf in confs:
+        plan.add(conf)
+
+
+# ---------------------------------------------------------------- layers
+
+
+def test_layers_apply_in_order_later_wins(tmp_path, monkeypatch):
+    core = write(tmp_path / "core.yaml", """\
+        routes:
+          add.Tensor: cpu_fallback
+          mul.Tensor: cpu_fallback
+          sub.Tensor: cpu_fallback
+          div.Tensor: cpu_fallback
+          neg: cpu_fallback
+        """)
+    plugin = write(tmp_path / "plugin.yaml", """\
+        routes:
+          mul.Tensor: host
+          sub.Tensor: host
+          div.Tensor: host
+          neg: host
+        """)
+    user = write(tmp_path / "user.conf", "sub.Tensor = cpu_fallback\ndiv.Tensor = cpu_fallback\nneg = cpu_fallback\n")
+    environ = {"FLAGOS_CONF": str(user), "FLAGOS_OP_div__Tensor": "host", "FLAGOS_OP_neg": "host"}
+    monkeypatch.setattr(_conf, "DEFAULT_CONF", str(core))
+    flagos_core.set_route("neg", "cpu_fallback")  # the runtime API beats every conf layer
+    _conf.apply_all([("myplugin", str(plugin))], environ)
+    got = {op: (flagos_core.route(op), flagos_core.route_layer(op))
+           for op in ("add.Tensor", "mul.Tensor", "sub.Tensor", "div.Tensor", "neg")}
+    assert got == {
+        "add.Tensor": ("cpu_fallback", f"core:{core}:2"),
+        "mul.Tensor": ("host", f"plugin:myplugin:{plugin}:2"),
+        "sub.Tensor": ("cpu_fallback", f"conf:{user}:1"),
+        "div.Tensor": ("host", "env:FLAGOS_OP_div__Tensor"),
+        "neg": ("cpu_fallback", "api"),
+    }
+    # Resolving again without those layers puts their routes back to default.
+    monkeypatch.setattr(_conf, "DEFAULT_CONF", str(write(tmp_path / "empty.yaml", "")))
+    _conf.apply_all([], {})
+    assert all(flagos_core.route_layer(op) == "default" for op in ("add.Tensor", "mul.Tensor", "div.Tensor"))
+    assert flagos_core.route_layer("neg") == "api"
+
+
+def test_flagos_conf_path_list_later_file_wins(tmp_path):
+    first = write(tmp_path / "first.yaml", "routes:\n  add.Tensor: cpu_fallback\n  mul.Tensor: cpu_fallback\n")
+    second = write(tmp_path / "second.yaml", "routes:\n  mul.Tensor: host\n")
+    _conf.apply_all([], {"FLAGOS_CONF": os.pathsep.join([str(first), "", str(second)])})
+    assert flagos_core.route_layer("add.Tensor") == f"conf:{first}:2"
+    assert (flagos_core.route("mul.Tensor"), flagos_core.route_layer("mul.Tensor")) == (
+        "host", f"conf:{second}:2")
+
+
+def test_missing_flagos_conf_file_is_an_error(tmp_path):
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(flagos_core.ConfError, match=f"FLAGOS_CONF: cannot read {missing}"):
+        _conf.apply_all([], {"FLAGOS_CONF": str(missing)})
+
+
+# ---------------------------------------------------------------- at import
+
+
+def test_env_var_routes_at_import_and_results_match_cpu():
+    result = run_python("""\
+        import torch, flagos_core
+        a = torch.arange(6.0)
+        with flagos_core.trace() as t:
+            out = (a.to("flagos") + a.to("flagos")).cpu()
+        assert torch.equal(out, a + a)
+        print(flagos_core.route("add.Tensor"), flagos_core.route_layer("add.Tensor"), dict(t.counts))
+        print(flagos_core.route("__lshift__.Scalar"), flagos_core.route_layer("__lshift__.Scalar"))
+        print(flagos_core.route("__and__.Tensor"), flagos_core.route_layer("__and__.Tensor"))
+        """, FLAGOS_OP_add__Tensor="cpu_fallback", FLAGOS_OP___lshift____Scalar="cpu_fallback",
+        FLAGOS_OP___and____Tensor="cpu_fallback")
+    assert result.returncode == 0, result.stderr
+    first, second, third = result.stdout.splitlines()
+    assert first.startswith("cpu_fallback env:FLAGOS_OP_add__Tensor {('add.Tensor', 'cpu_fallback'): 1")
+    assert second == "cpu_fallback env:FLAGOS_OP___lshift____Scalar"
+    assert third == "cpu_fallback env:FLAGOS_OP___and____Tensor"  # outside the generated table
+
+
+def test_flagos_conf_is_applied_at_import(tmp_path):
+    path = write(tmp_path / "c.yaml", "routes:\n  mul.Tensor: cpu_fallback\n")
+    result = run_python(
+        "import flagos_core; print(flagos_core.route('mul.Tensor'), flagos_core.route_layer('mul.Tensor'))",
+        FLAGOS_CONF=str(path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"cpu_fallback conf:{path}:2"
+
+
+def test_errors_are_raised_at_import():
+    result = run_python("import flagos_core", FLAGOS_OP_add__Tensr="host")
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("flagos_core._conf.ConfError: FLAGOS_OP_add__Tensr: unknown overload 'add.Tensr'")
+    assert "FLAGOS_OP_add__Tensor" in last
+    result = run_python("import flagos_core", FLAGOS_OP_add__Tensor="cuda")
+    assert result.returncode != 0
+    valid = ", ".join(flagos_core.providers())
+    assert f"unknown provider 'cuda' for add.Tensor; valid providers: {valid}" in result.stderr
+
+
+def test_log_dispatch_env_var():
+    code = "import torch, flagos_core; torch.ones(3, device='flagos').add(1)"
+    result = run_python(code, FLAGOS_LOG_DISPATCH="1")
+    assert result.returncode == 0, result.stderr
+    assert "flagos: add.Tensor -> host" in result.stderr.splitlines()
+    assert "flagos:" not in run_python(code).stderr
+    assert "FLAGOS_LOG_DISPATCH: expected 1 or 0" in run_python(code, FLAGOS_LOG_DISPATCH="maybe").stderr

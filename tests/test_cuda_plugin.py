@@ -1,0 +1,145 @@
+"""flagos on the CUDA plugin: the same kernels and numbers as native CUDA.
+
+Marked gpu: skipped where flagos does not run on the cuda runtime, run for
+real by scripts/gpu-check on a GPU machine."""
+
+import threading
+
+import pytest
+import torch
+
+import flagos_core
+
+pytestmark = pytest.mark.gpu
+
+
+def _pair(make):
+    torch.manual_seed(0)
+    return make("cuda"), make("flagos")
+
+
+def test_runtime_is_cuda():
+    info = flagos_core.runtime()
+    assert info["name"] == "cuda" and info["plugin"] == "flagos-cuda"
+    assert torch.flagos.device_count() == torch.cuda.device_count()
+    assert torch.flagos.get_device_name(0) == torch.cuda.get_device_name(0)
+    props, native = torch.flagos.get_device_properties(0), torch.cuda.get_device_properties(0)
+    assert (props.total_memory, props.major, props.minor) == (native.total_memory, native.major, native.minor)
+
+
+def test_ops_bitwise_equal_to_cuda_and_no_fallback():
+    a, fa = _pair(lambda d: torch.randn(256, 512, device=d))
+    b, fb = _pair(lambda d: torch.randn(512, 128, device=d))
+    with flagos_core.trace() as t:
+        got = [(fa @ fb), fa.softmax(-1), fa.sum(0), torch.nn.functional.gelu(fa), fa.bfloat16() @ fb.bfloat16()]
+    want = [(a @ b), a.softmax(-1), a.sum(0), torch.nn.functional.gelu(a), a.bfloat16() @ b.bfloat16()]
+    for g, w in zip(got, want):
+        assert g.device.type == "flagos"
+        assert torch.equal(g.cpu(), w.cpu())
+    assert t.fallbacks == []
+    assert all(provider == "cuda" for (_, provider) in t.counts)
+
+
+def test_random_matches_cuda_philox():
+    for make in (lambda d: torch.randn(1000, device=d), lambda d: torch.rand(1000, device=d),
+                 lambda d: torch.randint(0, 100, (1000,), device=d)):
+        torch.manual_seed(42)
+        native = make("cuda")
+        torch.manual_seed(42)
+        flagos = make("flagos")
+        assert torch.equal(native.cpu(), flagos.cpu())
+
+
+def test_memory_is_the_shared_cuda_pool():
+    torch.flagos.synchronize()
+    before = torch.flagos.memory_allocated()
+    assert before == torch.cuda.memory_allocated()
+    x = torch.empty(64 << 20, dtype=torch.uint8, device="flagos")
+    assert torch.flagos.memory_allocated() - before >= 64 << 20
+    assert torch.cuda.memory_allocated() == torch.flagos.memory_allocated()
+    del x
+    assert torch.flagos.memory_allocated() == before
+    torch.flagos.empty_cache()
+    assert torch.flagos.memory_reserved() == torch.cuda.memory_reserved()
+
+
+def test_streams_are_cuda_streams():
+    s = torch.flagos.Stream()
+    native = torch.cuda.Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=1)
+    with torch.flagos.stream(s):
+        assert torch.flagos.current_stream().stream_id == s.stream_id
+        assert torch.cuda.current_stream().cuda_stream == native.cuda_stream
+        x = torch.ones(1024, device="flagos") * 3
+    s.synchronize()
+    assert x.sum().item() == 3 * 1024
+    start, end = torch.flagos.Event(enable_timing=True), torch.flagos.Event(enable_timing=True)
+    start.record()
+    torch.ones(1 << 20, device="flagos").mul_(2)
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) >= 0
+
+
+def test_sdpa_reaches_fused_kernels_forward_and_backward(tmp_path):
+    import sys, os
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from native_side import NativeSide
+
+    code = """
+torch.manual_seed(0)
+q = torch.randn(2, 8, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+out.sum().backward()
+result = {"out": out.detach().cpu(), "grad": q.grad.cpu()}
+"""
+    native = NativeSide()  # CUDA backward cannot run in this process (native_side.py)
+    try:
+        want = torch.load(native("eval", code=code, path=str(tmp_path / "ref.pt"))["path"])
+    finally:
+        native.close()
+    torch.manual_seed(0)
+    fq = torch.randn(2, 8, 256, 64, device="flagos", dtype=torch.bfloat16, requires_grad=True)
+    with flagos_core.trace() as t:
+        fout = torch.nn.functional.scaled_dot_product_attention(fq, fq, fq, is_causal=True)
+        fout.sum().backward()
+    fused = {op for (op, _) in t.counts if "flash_attention" in op or "efficient_attention" in op or "cudnn_attention" in op}
+    assert any("backward" in op for op in fused) and any("backward" not in op for op in fused), t.counts
+    assert torch.equal(fout.detach().cpu(), want["out"])
+    assert torch.equal(fq.grad.cpu(), want["grad"])
+
+
+def test_cuda_graph_capture_and_replay():
+    x = torch.randn(64, 64, device="flagos")
+    w = torch.randn(64, 64, device="flagos")
+    s = torch.flagos.Stream()
+    g = torch.flagos.CUDAGraph()
+    torch.flagos.synchronize()
+    with torch.flagos.graph(g):
+        y = torch.relu(x @ w)
+    x.copy_(torch.randn(64, 64, device="flagos"))
+    g.replay()
+    torch.flagos.synchronize()
+    assert torch.equal(y.cpu(), torch.relu(x @ w).cpu())
+
+
+def test_threads_share_tensors_on_gpu():
+    a = torch.randn(128, 128, device="flagos")
+    b = torch.randn(128, 128, device="flagos")
+    want = (a @ b + a).cpu()
+    errors = []
+
+    def work():
+        try:
+            for _ in range(50):
+                got = (a @ b + a).cpu()
+                if not torch.equal(got, want):
+                    errors.append("mismatch")
+        except Exception as e:  # collected, asserted below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

@@ -1,0 +1,221 @@
+"""Memory statistics of the flagos allocator follow allocations, frees and the cache."""
+
+import gc
+
+import pytest
+import torch
+
+import flagos_core  # noqa: F401
+
+MB = 1 << 20
+
+
+@pytest.fixture
+def clean():
+    """Start from an empty cache: reserved == what is live."""
+    gc.collect()
+    torch.flagos.synchronize()
+    torch.flagos.empty_cache()
+    torch.flagos.reset_peak_memory_stats()
+    yield
+    gc.collect()
+    torch.flagos.empty_cache()
+
+
+def _stats():
+    return torch.flagos.memory_allocated(), torch.flagos.memory_reserved()
+
+
+def test_empty_cache_releases_every_cached_block(clean):
+    keep = torch.empty(3000, device="flagos")
+    for n in (100, 5000, 70000, MB):
+        torch.empty(n, device="flagos")  # freed at once: cached
+    allocated, reserved = _stats()
+    assert reserved - allocated >= 4 * (100 + 5000 + 70000 + MB)
+    torch.flagos.empty_cache()
+    assert _stats() == (allocated, allocated), "only live blocks stay reserved"
+    del keep
+
+
+def test_allocate_free_cache_and_release(clean):
+    alloc0, res0 = _stats()
+
+    x = torch.empty(MB, dtype=torch.uint8, device="flagos")
+    alloc1, res1 = _stats()
+    assert alloc1 - alloc0 >= MB
+    assert res1 - res0 >= MB
+    assert res1 >= alloc1
+    assert torch.flagos.max_memory_allocated() >= alloc1
+
+    del x
+    alloc2, res2 = _stats()
+    assert alloc2 == alloc0, "freeing the tensor must give its bytes back"
+    assert res2 == res1, "a freed block stays cached (reserved)"
+
+    # The cached block is reused: a second tensor of the same size reserves nothing new.
+    y = torch.empty(MB, dtype=torch.uint8, device="flagos")
+    assert _stats() == (alloc1, res1)
+    del y
+
+    torch.flagos.empty_cache()
+    alloc3, res3 = _stats()
+    assert alloc3 == alloc0
+    assert res3 == res0, "empty_cache releases the cached block"
+
+
+def test_empty_cache_keeps_live_blocks(clean):
+    x = torch.empty(MB // 4, device="flagos")  # 1 MB of float32
+    alloc1, res1 = _stats()
+    torch.flagos.empty_cache()
+    assert _stats() == (alloc1, res1)
+    assert torch.equal(x.fill_(3.0).cpu(), torch.full((MB // 4,), 3.0))
+
+
+def test_peak_and_reset(clean):
+    base = torch.flagos.memory_allocated()
+    assert torch.flagos.max_memory_allocated() == base  # reset by the fixture
+
+    keep = torch.empty(MB, dtype=torch.uint8, device="flagos")
+    tmp = torch.empty(2 * MB, dtype=torch.uint8, device="flagos")
+    peak = torch.flagos.max_memory_allocated()
+    assert peak >= base + 3 * MB
+    del tmp
+    current = torch.flagos.memory_allocated()
+    assert current < peak
+    assert torch.flagos.max_memory_allocated() == peak, "the peak survives the free"
+    assert torch.flagos.max_memory_reserved() >= peak
+
+    torch.flagos.reset_peak_memory_stats()
+    assert torch.flagos.max_memory_allocated() == current
+    assert torch.flagos.max_memory_reserved() == torch.flagos.memory_reserved()
+    del keep
+
+
+def test_memory_stats_keys_and_consistency(clean):
+    x = torch.empty(1000, device="flagos")  # 4000 bytes requested
+    stats = torch.flagos.memory_stats()
+    for key in (
+        "allocated_bytes.all.current", "allocated_bytes.all.peak",
+        "allocated_bytes.all.allocated", "allocated_bytes.all.freed",
+        "reserved_bytes.all.current", "reserved_bytes.all.peak",
+        "active_bytes.all.current", "requested_bytes.all.current",
+        "allocation.all.current", "segment.all.current",
+        "num_ooms", "num_alloc_retries",
+    ):
+        assert key in stats, key
+        assert isinstance(stats[key], int)
+    assert stats["allocated_bytes.all.current"] == torch.flagos.memory_allocated()
+    assert stats["allocated_bytes.all.peak"] == torch.flagos.max_memory_allocated()
+    assert stats["reserved_bytes.all.current"] == torch.flagos.memory_reserved()
+    assert (stats["allocated_bytes.all.allocated"] - stats["allocated_bytes.all.freed"]
+            == stats["allocated_bytes.all.current"])
+    assert stats["num_ooms"] == 0
+
+    before = stats
+    y = torch.empty(1000, device="flagos")
+    after = torch.flagos.memory_stats()
+    assert after["requested_bytes.all.current"] - before["requested_bytes.all.current"] == 4000
+    assert after["allocated_bytes.all.current"] - before["allocated_bytes.all.current"] >= 4000
+    assert after["allocation.all.current"] - before["allocation.all.current"] == 1
+    del x, y
+    assert torch.flagos.memory_stats()["allocation.all.current"] == before["allocation.all.current"] - 1
+
+
+def test_device_argument_forms(clean):
+    x = torch.empty(MB, dtype=torch.uint8, device="flagos")
+    expected = torch.flagos.memory_allocated()
+    assert expected >= MB
+    for dev in (None, 0, "flagos", "flagos:0", torch.device("flagos"), torch.device("flagos", 0)):
+        assert torch.flagos.memory_allocated(dev) == expected, dev
+    with pytest.raises(ValueError):
+        torch.flagos.memory_allocated("cpu")
+    del x
+
+
+def _delta(fn):
+    before = torch.flagos.memory_allocated()
+    out = fn()
+    return out, torch.flagos.memory_allocated() - before
+
+
+def test_op_outputs_are_counted(clean):
+    torch.manual_seed(0)
+    a_cpu, b_cpu = torch.randn(256, 256), torch.randn(256, 256)
+    a, b = a_cpu.to("flagos"), b_cpu.to("flagos")
+    nbytes = a.nbytes  # 256 KiB
+
+    c, grew = _delta(lambda: a + b)
+    assert grew >= nbytes
+    assert torch.equal(c.cpu(), a_cpu + b_cpu)
+
+    d, grew = _delta(lambda: a @ b)
+    assert grew >= nbytes
+    assert torch.equal(d.cpu(), a_cpu @ b_cpu)
+
+    (values, indices), grew = _delta(lambda: a.sort(dim=1))
+    assert grew >= values.nbytes + indices.nbytes
+
+    nz, grew = _delta(lambda: (a > 0).nonzero())
+    assert grew >= nz.nbytes
+
+    r, grew = _delta(lambda: torch.randn(256, 256, device="flagos"))
+    assert grew >= nbytes
+
+    # Metadata-only views and in-place ops allocate nothing.
+    _, grew = _delta(lambda: (a.view(-1), a.t(), a[3:7, ::2], a.unsqueeze(0)))
+    assert grew == 0
+    _, grew = _delta(lambda: c.add_(1).mul_(2))
+    assert grew == 0
+
+    live = torch.flagos.memory_allocated()
+    del c, d, values, indices, nz, r
+    assert torch.flagos.memory_allocated() <= live - 5 * nbytes
+
+
+def test_autograd_buffers_are_counted_and_freed(clean):
+    w = torch.randn(512, 512).to("flagos").requires_grad_()
+    base = torch.flagos.memory_allocated()
+    loss = (w @ w).sum()
+    loss.backward()
+    assert w.grad is not None
+    assert torch.flagos.memory_allocated() - base >= w.nbytes  # the gradient
+    del loss
+    w.grad = None
+    assert torch.flagos.memory_allocated() == base
+
+
+def test_resize_changes_allocation(clean):
+    x = torch.empty(10, device="flagos")
+    before = torch.flagos.memory_allocated()
+    x.resize_(MB // 4)  # the 40-byte block is replaced by a 1 MB one
+    assert x.untyped_storage().nbytes() == MB
+    assert torch.flagos.memory_allocated() - before >= MB - 512
+    x.fill_(1.0)
+    assert x.sum().item() == MB // 4
+
+
+_ACCEL_MEMORY = hasattr(torch, "accelerator") and hasattr(torch.accelerator, "memory_allocated")
+
+
+@pytest.mark.skipif(not _ACCEL_MEMORY, reason="this torch has no torch.accelerator memory functions")
+def test_torch_accelerator_memory_agrees(clean):
+    x = torch.empty(MB, dtype=torch.uint8, device="flagos")
+    y = torch.empty(2 * MB, dtype=torch.uint8, device="flagos")
+    del y
+    acc = torch.accelerator
+    assert acc.memory_allocated() == torch.flagos.memory_allocated() >= MB
+    assert acc.memory_allocated(0) == torch.flagos.memory_allocated(0)
+    assert acc.memory_reserved() == torch.flagos.memory_reserved() >= 3 * MB
+    assert acc.max_memory_allocated() == torch.flagos.max_memory_allocated() >= 3 * MB
+    assert acc.max_memory_reserved() == torch.flagos.max_memory_reserved()
+
+    ours = torch.flagos.memory_stats()
+    theirs = acc.memory_stats()
+    for key, value in ours.items():
+        assert theirs.get(key) == value, key
+
+    acc.reset_peak_memory_stats()
+    assert torch.flagos.max_memory_allocated() == torch.flagos.memory_allocated()
+    acc.empty_cache()
+    assert torch.flagos.memory_reserved() == torch.flagos.memory_allocated()
+    del x

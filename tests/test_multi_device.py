@@ -1,0 +1,332 @@
+"""Two flagos devices (FLAGOS_HOST_DEVICES=2), checked in a subprocess.
+
+The device count is read when flagos_core is imported, so the checks run in a
+fresh interpreter: this file is also a script. Run as `python test_multi_device.py`
+it executes every `check_*` function below and prints one JSON line
+{check name: "ok" or the traceback}. The pytest side starts that script once
+and turns each entry into its own test.
+"""
+
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import traceback
+
+import pytest
+import torch
+
+MARKER = "FLAGOS_MULTI_DEVICE_RESULTS "
+
+
+# --------------------------------------------------------------------------
+# Checks: run only inside the subprocess with two host devices.
+# --------------------------------------------------------------------------
+
+def _raises(exc_type, fn):
+    try:
+        fn()
+    except exc_type as e:
+        return str(e)
+    raise AssertionError(f"{fn} did not raise {exc_type.__name__}")
+
+
+def check_device_count():
+    import flagos_core
+    assert torch.flagos.is_available()
+    assert torch.flagos.device_count() == 2
+    assert flagos_core.runtime()["device_count"] == 2
+    assert torch.accelerator.device_count() == 2
+    assert torch.flagos.current_device() == 0
+
+
+def check_copy_between_devices_keeps_values():
+    torch.manual_seed(0)
+    ref = torch.randn(37, 19)
+    x = ref.to("flagos:0")
+    y = x.to("flagos:1")
+    assert x.device == torch.device("flagos", 0)
+    assert y.device == torch.device("flagos", 1)
+    assert torch.equal(y.cpu(), ref)
+    assert torch.equal(y.to("flagos:0").cpu(), ref)
+    # Separate memory: writing the copy leaves the source alone.
+    assert y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    y.fill_(5.0)
+    assert torch.equal(x.cpu(), ref)
+    # Non-contiguous sources, dtype changes and copy_ across devices.
+    t = x.t().to("flagos:1")
+    assert t.device.index == 1 and torch.equal(t.cpu(), ref.t())
+    d = x.to("flagos:1", torch.float64)
+    assert d.dtype == torch.float64 and torch.equal(d.cpu(), ref.double())
+    dst = torch.empty(37, 19, device="flagos:1")
+    dst.copy_(x[:, :])
+    assert torch.equal(dst.cpu(), ref)
+    back = torch.zeros(19, 37, device="flagos:0")
+    back.copy_(dst.t())
+    assert torch.equal(back.cpu(), ref.t())
+
+
+def check_set_device_moves_default_placement():
+    assert torch.flagos.current_device() == 0
+    assert torch.empty(2, device="flagos").device == torch.device("flagos", 0)
+    torch.flagos.set_device(1)
+    try:
+        assert torch.flagos.current_device() == 1
+        assert torch.accelerator.current_device_index() == 1
+        before = (torch.flagos.memory_allocated(0), torch.flagos.memory_allocated(1))
+        z = torch.empty(1024, device="flagos")
+        assert z.device == torch.device("flagos", 1)
+        assert torch.ones(3, device="flagos").device == torch.device("flagos", 1)
+        assert torch.ones(3).to("flagos").device == torch.device("flagos", 1)
+        assert torch.flagos.memory_allocated(0) == before[0]
+        assert torch.flagos.memory_allocated(1) >= before[1] + 4096
+        # An explicit index still wins.
+        assert torch.empty(2, device="flagos:0").device == torch.device("flagos", 0)
+    finally:
+        torch.flagos.set_device(0)
+    assert torch.flagos.current_device() == 0
+    assert torch.empty(2, device="flagos").device == torch.device("flagos", 0)
+    torch.flagos.set_device("flagos:1")
+    assert torch.flagos.current_device() == 1
+    torch.flagos.set_device(torch.device("flagos", 0))
+    assert torch.flagos.current_device() == 0
+
+
+def check_device_context_manager():
+    with torch.flagos.device(1):
+        assert torch.flagos.current_device() == 1
+        assert torch.empty(4, device="flagos").device == torch.device("flagos", 1)
+        assert torch.randn(4, device="flagos").device == torch.device("flagos", 1)
+        with torch.flagos.device("flagos:0"):
+            assert torch.flagos.current_device() == 0
+            assert torch.empty(4, device="flagos").device == torch.device("flagos", 0)
+        assert torch.flagos.current_device() == 1
+    assert torch.flagos.current_device() == 0
+    # Restored when the block raises.
+    try:
+        with torch.flagos.device(1):
+            raise KeyError("boom")
+    except KeyError:
+        pass
+    assert torch.flagos.current_device() == 0
+    assert torch.empty(4, device="flagos").device == torch.device("flagos", 0)
+
+
+def check_current_device_is_per_thread():
+    seen = {}
+
+    def worker():
+        torch.flagos.set_device(1)
+        seen["current"] = torch.flagos.current_device()
+        seen["placed"] = torch.empty(1, device="flagos").device
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen == {"current": 1, "placed": torch.device("flagos", 1)}
+    assert torch.flagos.current_device() == 0
+
+
+def check_ops_run_on_their_inputs_device():
+    torch.manual_seed(1)
+    a_cpu, b_cpu = torch.randn(64, 64), torch.randn(64, 64)
+    a, b = a_cpu.to("flagos:1"), b_cpu.to("flagos:1")
+    assert torch.flagos.current_device() == 0
+    mem0, mem1 = torch.flagos.memory_allocated(0), torch.flagos.memory_allocated(1)
+    outs = {
+        "add": (a + b, a_cpu + b_cpu),
+        "mm": (a @ b, a_cpu @ b_cpu),
+        "sum": (a.sum(dim=0), a_cpu.sum(dim=0)),
+        "softmax": (torch.softmax(a, -1), torch.softmax(a_cpu, -1)),
+        "cat": (torch.cat([a, b]), torch.cat([a_cpu, b_cpu])),
+        "index": (a[b > 0], a_cpu[b_cpu > 0]),
+    }
+    for name, (got, want) in outs.items():
+        assert got.device == torch.device("flagos", 1), name
+        assert torch.equal(got.cpu(), want), name
+    assert torch.flagos.memory_allocated(0) == mem0, "outputs of ops on flagos:1 must not use flagos:0 memory"
+    assert torch.flagos.memory_allocated(1) > mem1
+    assert torch.flagos.current_device() == 0
+
+
+def check_autograd_on_second_device():
+    torch.manual_seed(2)
+    w_cpu = torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(4, 8)
+    w = w_cpu.detach().to("flagos:1").requires_grad_()
+    (x @ w_cpu).relu().pow(2).sum().backward()
+    (x.to("flagos:1") @ w).relu().pow(2).sum().backward()
+    assert w.grad.device == torch.device("flagos", 1)
+    assert torch.equal(w.grad.cpu(), w_cpu.grad)
+
+
+def check_mixing_devices_raises():
+    a = torch.ones(3, device="flagos:0")
+    b = torch.ones(3, device="flagos:1")
+    for op in (lambda: a + b, lambda: torch.mul(b, a), lambda: a.add_(b),
+               lambda: torch.ones(3, 3, device="flagos:0") @ torch.ones(3, 3, device="flagos:1")):
+        msg = _raises(RuntimeError, op)
+        assert "Expected all tensors to be on the same device" in msg, msg
+        assert "flagos:0" in msg and "flagos:1" in msg, msg
+    assert torch.equal(a.cpu(), torch.ones(3)), "a failed in-place op must not write"
+
+
+def check_invalid_index_is_a_clear_error():
+    for make in (lambda: torch.ones(1, device="flagos:5"),
+                 lambda: torch.empty(2, 2, device=torch.device("flagos", 5)),
+                 lambda: torch.ones(2, device="flagos:0").to("flagos:5"),
+                 lambda: torch.flagos.set_device(5),
+                 lambda: torch.flagos.memory_allocated(5)):
+        msg = _raises(RuntimeError, make)
+        assert "flagos:5" in msg, msg
+        assert "flagos:0" in msg and "flagos:1" in msg, f"the valid range is not named: {msg}"
+    assert torch.flagos.current_device() == 0
+    assert torch.equal(torch.ones(2, device="flagos:1").cpu(), torch.ones(2))
+
+
+def check_each_device_has_its_own_generator():
+    torch.flagos.manual_seed_all(0)
+    torch.manual_seed(0)
+    ref = torch.randn(16)
+    torch.flagos.manual_seed_all(0)
+    assert torch.equal(torch.flagos.get_rng_state(0), torch.flagos.get_rng_state(1))
+    state1 = torch.flagos.get_rng_state(1)
+    d0 = torch.randn(16, device="flagos:0")
+    assert torch.equal(d0.cpu(), ref)
+    # Drawing on flagos:0 advanced its own generator only.
+    assert not torch.equal(torch.flagos.get_rng_state(0), state1)
+    assert torch.equal(torch.flagos.get_rng_state(1), state1)
+    d1 = torch.randn(16, device="flagos:1")
+    assert torch.equal(d1.cpu(), ref)
+
+    # manual_seed seeds the current device only.
+    state0 = torch.flagos.get_rng_state(0)
+    with torch.flagos.device(1):
+        torch.flagos.manual_seed(123)
+        assert torch.flagos.initial_seed() == 123
+    assert torch.equal(torch.flagos.get_rng_state(0), state0)
+    torch.manual_seed(123)
+    assert torch.equal(torch.randn(8, device="flagos:1").cpu(), torch.randn(8))
+
+    # Replaying one device's state does not disturb the other.
+    saved = torch.flagos.get_rng_state(1)
+    first = torch.rand(8, device="flagos:1").cpu()
+    torch.rand(8, device="flagos:0")
+    torch.flagos.set_rng_state(saved, 1)
+    assert torch.equal(torch.rand(8, device="flagos:1").cpu(), first)
+    states = torch.flagos.get_rng_state_all()
+    assert len(states) == 2 and not torch.equal(states[0], states[1])
+
+
+def check_streams_and_events_per_device():
+    assert torch.flagos.current_stream(1).device == torch.device("flagos", 1)
+    s1 = torch.flagos.Stream(1)
+    assert s1.device == torch.device("flagos", 1)
+    with torch.flagos.device(1):
+        e = torch.flagos.Event()
+        e.record()
+        e.synchronize()
+        assert e.query()
+    torch.flagos.synchronize(1)
+    with torch.flagos.stream(s1):
+        assert torch.flagos.current_stream(1) == s1
+        x = torch.ones(4, device="flagos:1") * 2
+    assert torch.equal(x.cpu(), torch.full((4,), 2.0))
+    assert torch.flagos.current_stream(1) != s1
+
+
+def check_stream_context_on_other_device_restores_current_device():
+    # torch.cuda.stream(s) on another device switches the device for the block
+    # and switches it back afterwards; torch.Stream's own `with s:` does too.
+    s1 = torch.flagos.Stream(1)
+    with s1:
+        pass
+    assert torch.flagos.current_device() == 0
+    with torch.flagos.stream(s1):
+        pass
+    assert torch.flagos.current_device() == 0, (
+        f"current device leaked to {torch.flagos.current_device()} after torch.flagos.stream(<stream on flagos:1>)")
+    torch.flagos.set_device(0)  # leave a clean state for the later checks
+
+
+def check_serialization_keeps_device_index():
+    x = torch.arange(6.0, device="flagos:1")
+    buf = io.BytesIO()
+    torch.save({"x": x}, buf)
+    buf.seek(0)
+    y = torch.load(buf)["x"]
+    assert y.device == torch.device("flagos", 1) and torch.equal(y.cpu(), torch.arange(6.0))
+    buf.seek(0)
+    z = torch.load(buf, map_location={"flagos:1": "flagos:0"})["x"]
+    assert z.device == torch.device("flagos", 0) and torch.equal(z.cpu(), torch.arange(6.0))
+
+
+def check_memory_is_per_device():
+    import gc
+    gc.collect()
+    torch.flagos.empty_cache()
+    m0, m1 = torch.flagos.memory_allocated(0), torch.flagos.memory_allocated(1)
+    big = torch.empty(1 << 20, dtype=torch.uint8, device="flagos:1")
+    assert torch.flagos.memory_allocated(1) - m1 >= 1 << 20
+    assert torch.flagos.memory_allocated(0) == m0
+    del big
+    assert torch.flagos.memory_allocated(1) == m1
+    assert torch.flagos.memory_reserved(1) >= m1 + (1 << 20)
+    torch.flagos.empty_cache()
+    assert torch.flagos.memory_reserved(1) == m1
+
+
+CHECKS = [name for name in list(globals()) if name.startswith("check_")]
+
+
+def _main():
+    import flagos_core  # noqa: F401
+    results = {}
+    for name in CHECKS:
+        try:
+            globals()[name]()
+            results[name] = "ok"
+        except BaseException:  # noqa: BLE001 - report everything back to pytest
+            results[name] = traceback.format_exc()
+    sys.stdout.write(MARKER + json.dumps(results) + "\n")
+    sys.stdout.flush()
+    # Skip interpreter teardown: with torch 2.13 a process that ran backward on
+    # a non-CPU device can abort at exit (autograd device-thread race, reported
+    # separately); that must not hide the results printed above.
+    os._exit(0)
+
+
+# --------------------------------------------------------------------------
+# pytest side
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def results():
+    env = dict(os.environ, FLAGOS_HOST_DEVICES="2")
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARKER)]
+    assert proc.returncode == 0 and lines, (
+        f"the two-device subprocess failed (rc={proc.returncode})\n"
+        f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1][len(MARKER):])
+
+
+_XFAIL = {
+    "check_stream_context_on_other_device_restores_current_device": pytest.mark.xfail(
+        strict=True,
+        reason="core bug: torch.flagos.stream(s) with s on another device leaves that device current "
+               "after the block (_device_module.stream restores the stream, not the device)"),
+}
+
+
+@pytest.mark.parametrize("check", [pytest.param(c, marks=_XFAIL.get(c, ())) for c in CHECKS])
+def test_two_devices(results, check):
+    assert check in results, f"{check} did not report"
+    assert results[check] == "ok", results[check]
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,54 @@
+"""Qwen3-0.6B on flagos (cuda runtime) vs native CUDA: bitwise-equal training
+losses in bf16 and fp32, identical greedy tokens, nothing through cpu_fallback."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+import flagos_core
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def deterministic():
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_training_losses_bitwise_equal(dtype, deterministic):
+    import qwen3_06b
+    from native_side import NativeSide
+
+    setup = dict(batch=2, seq=128, steps_per_block=10, blocks=1)
+    native = NativeSide()  # CUDA backward cannot run in this process (native_side.py)
+    try:
+        native("deterministic", on=True)
+        native("trainer", dtype=dtype, **setup)
+        native_losses = native("block", index=0)["losses"]
+    finally:
+        native.close()
+    trainer = qwen3_06b.Trainer("flagos", getattr(torch, dtype), **setup)
+    with flagos_core.trace() as t:
+        _, flagos_losses = trainer.block(0)
+    trainer.close()
+    assert len(flagos_losses) == 10
+    assert flagos_losses == native_losses
+    assert t.fallbacks == []
+
+
+def test_greedy_tokens_identical(deterministic):
+    import qwen3_06b
+
+    prompt = qwen3_06b.batches(1, batch=1, seq=16)[0]
+    native = qwen3_06b.greedy(qwen3_06b.build("cuda", torch.bfloat16).eval(), prompt, 64, "cuda")
+    with flagos_core.trace() as t:
+        flagos = qwen3_06b.greedy(qwen3_06b.build("flagos", torch.bfloat16).eval(), prompt, 64, "flagos")
+    assert torch.equal(flagos, native)
+    assert t.fallbacks == []
