@@ -56,9 +56,9 @@ class Trainer:
 
     def __init__(self, device, dtype, batch, seq, steps_per_block, blocks, seed=1):
         self.device = device
-        self.model = qwen3_06b.build(device, dtype)
+        self.model = build(device, dtype)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, foreach=True)
-        self.data = qwen3_06b.batches(steps_per_block * blocks, batch, seq, seed=seed)
+        self.data = batches(steps_per_block * blocks, batch, seq, seed=seed)
         self.steps = steps_per_block
 
     def block(self, index):

@@ -47,6 +47,7 @@ def _setup():
     _PLUGINS.manager.hook.flagos_extend_device_module(module=_device_module, runtime=_C._runtime_name())
     _torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
     _keep_parameters_when_moving_modules()
+    _let_autograd_threads_finish_at_exit()
     _conf.configure(_PLUGINS.confs())  # routing confs and FLAGOS_LOG_DISPATCH; raises ConfError
 
 
@@ -57,6 +58,17 @@ def _keep_parameters_when_moving_modules():
     default alone."""
     if _os.environ.get("FLAGOS_SWAP_MODULE_PARAMS", "1") != "0":
         _torch.__future__.set_swap_module_params_on_conversion(True)
+
+
+def _let_autograd_threads_finish_at_exit():
+    """flagos has autograd device threads (CPU-only torch has none). If one
+    drops its last reference to a finished backward while Python is shutting
+    down, torch's thread aborts the process. A moment's pause at exit lets
+    those threads finish first."""
+    import atexit
+    import time
+
+    atexit.register(time.sleep, 0.05)
 
 
 def runtime():

@@ -102,19 +102,20 @@ def get_amp_supported_dtype():
     return [torch.float16, torch.bfloat16]
 
 
-# Streams and events are torch's generic ones on the flagos device.
-class Stream(torch.Stream):
+# Streams and events are torch's generic ones on the flagos device. These
+# build plain torch.Stream / torch.Event objects (not subclasses: torch's
+# methods such as Event.elapsed_time accept only the exact types).
+class Stream:
     def __new__(cls, device=None, priority=0, **kwargs):
         if "stream_id" in kwargs:
-            return super().__new__(cls, **kwargs)
-        return super().__new__(cls, device=torch.device(_BACKEND, _index(device)), priority=priority)
+            return torch.Stream(**kwargs)
+        return torch.Stream(device=torch.device(_BACKEND, _index(device)), priority=priority)
 
 
-class Event(torch.Event):
+class Event:
     def __new__(cls, enable_timing=False, blocking=False, interprocess=False):
-        return super().__new__(
-            cls, device=torch.device(_BACKEND, _C._current_device()), enable_timing=enable_timing,
-            blocking=blocking, interprocess=interprocess)
+        return torch.Event(device=torch.device(_BACKEND, _C._current_device()), enable_timing=enable_timing,
+                           blocking=blocking, interprocess=interprocess)
 
 
 def current_stream(device=None):
@@ -127,16 +128,20 @@ def set_stream(stream):
 
 @contextlib.contextmanager
 def stream(s):
-    """Make `s` the current stream of its device for the block."""
+    """Make `s` current (and its device, as torch.cuda.stream does) for the
+    block; the caller's device and its stream come back afterwards."""
     if s is None:
         yield
         return
-    previous = current_stream(s.device)
+    previous_device = _C._current_device()
+    previous_streams = [current_stream(previous_device), current_stream(s.device)]
     torch.accelerator.set_stream(s)
     try:
         yield s
     finally:
-        torch.accelerator.set_stream(previous)
+        for previous in reversed(previous_streams):
+            torch.accelerator.set_stream(previous)
+        _C._set_device(previous_device)
 
 
 # Random numbers: one default generator per device.

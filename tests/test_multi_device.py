@@ -241,14 +241,19 @@ def check_stream_context_on_other_device_restores_current_device():
     # torch.cuda.stream(s) on another device switches the device for the block
     # and switches it back afterwards; torch.Stream's own `with s:` does too.
     s1 = torch.flagos.Stream(1)
-    with s1:
-        pass
-    assert torch.flagos.current_device() == 0
-    with torch.flagos.stream(s1):
-        pass
-    assert torch.flagos.current_device() == 0, (
-        f"current device leaked to {torch.flagos.current_device()} after torch.flagos.stream(<stream on flagos:1>)")
-    torch.flagos.set_device(0)  # leave a clean state for the later checks
+    try:
+        with s1:
+            assert torch.flagos.current_device() == 1
+        assert torch.flagos.current_device() == 0
+        with torch.flagos.stream(s1):
+            assert torch.flagos.current_device() == 1
+            assert torch.empty(1, device="flagos").device == torch.device("flagos", 1)
+        assert torch.flagos.current_device() == 0, (
+            f"current device leaked to flagos:{torch.flagos.current_device()} "
+            "after `with torch.flagos.stream(<stream on flagos:1>)`")
+        assert torch.empty(1, device="flagos").device == torch.device("flagos", 0)
+    finally:
+        torch.flagos.set_device(0)  # leave a clean state for the later checks
 
 
 def check_serialization_keeps_device_index():
@@ -286,6 +291,7 @@ def _main():
     results = {}
     for name in CHECKS:
         try:
+            torch.flagos.set_device(0)  # each check starts on flagos:0
             globals()[name]()
             results[name] = "ok"
         except BaseException:  # noqa: BLE001 - report everything back to pytest
@@ -314,15 +320,7 @@ def results():
     return json.loads(lines[-1][len(MARKER):])
 
 
-_XFAIL = {
-    "check_stream_context_on_other_device_restores_current_device": pytest.mark.xfail(
-        strict=True,
-        reason="core bug: torch.flagos.stream(s) with s on another device leaves that device current "
-               "after the block (_device_module.stream restores the stream, not the device)"),
-}
-
-
-@pytest.mark.parametrize("check", [pytest.param(c, marks=_XFAIL.get(c, ())) for c in CHECKS])
+@pytest.mark.parametrize("check", CHECKS)
 def test_two_devices(results, check):
     assert check in results, f"{check} did not report"
     assert results[check] == "ok", results[check]

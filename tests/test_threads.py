@@ -73,9 +73,10 @@ def _view_write(a):
     return p
 
 
-def test_concurrent_ops_on_shared_tensors_match_cpu(shared):
+def test_concurrent_ops_on_shared_tensors_match_cpu(shared, native_device):
     cpu, dev = shared
-    expected = {k: fn() for k, fn in _programs(cpu["a"], cpu["b"], cpu["v"], cpu["idx"]).items()}
+    native = {k: t.to(native_device) for k, t in cpu.items()}  # CPU on the host runtime
+    expected = {k: fn().cpu() for k, fn in _programs(native["a"], native["b"], native["v"], native["idx"]).items()}
     snapshot = {k: (t.device, t.untyped_storage().data_ptr(), t.shape, t.stride(), t.storage_offset())
                 for k, t in dev.items()}
     mismatches = []
@@ -149,15 +150,15 @@ def test_concurrent_in_place_on_disjoint_views_of_one_tensor():
     assert torch.equal(src_dev.cpu(), src)
 
 
-def test_concurrent_autograd_on_shared_weights():
+def test_concurrent_autograd_on_shared_weights(native_device):
     torch.manual_seed(4)
     w_cpu = torch.randn(32, 16)
     xs = [torch.randn(8, 32) for _ in range(THREADS)]
     expected = []
     for x in xs:
-        w = w_cpu.clone().requires_grad_()
-        (grad,) = torch.autograd.grad((x @ w).tanh().pow(2).sum(), w)
-        expected.append(grad)
+        w = w_cpu.to(native_device).requires_grad_()
+        (grad,) = torch.autograd.grad((x.to(native_device) @ w).tanh().pow(2).sum(), w)
+        expected.append(grad.cpu())
     w_dev = w_cpu.to("flagos").requires_grad_()
     xs_dev = [x.to("flagos") for x in xs]
     bad = []

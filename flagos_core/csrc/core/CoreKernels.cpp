@@ -79,6 +79,18 @@ at::Tensor copyFromAndResize(const at::Tensor& self, const at::Tensor& dst) {
 } // namespace
 } // namespace flagos
 
+// Copies of conjugate / negative views: the native copy_ resolves the bits
+// (the aliases carry them), so these keys pass straight through, as they do
+// for copy_ itself. Materialising them first would copy, which recurses.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", TORCH_FN(flagos::empty));
   m.impl("empty_strided", TORCH_FN(flagos::emptyStrided));

@@ -13,6 +13,8 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -102,7 +104,8 @@ class HostRuntime final : public DeviceRuntime {
     checkIndex(index);
     DeviceProperties p;
     p.name = "flagos host device " + std::to_string(index);
-    p.total_memory = 0;
+    // Host RAM backs every host device.
+    p.total_memory = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGE_SIZE));
     p.multi_processor_count = 1;
     return p;
   }

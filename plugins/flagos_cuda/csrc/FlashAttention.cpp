@@ -24,11 +24,13 @@ at::Tensor flagos(const at::Tensor& t, c10::DeviceIndex index) {
 }
 
 void checkSupported(double dropout_p, const c10::IValue& attn_mask) {
-  // The CPU-named overloads carry no RNG state from forward to backward.
+  // The CPU-named overloads carry no RNG state from forward to backward, and
+  // CUDA's flash kernels take no mask.
   TORCH_CHECK(
       dropout_p == 0.0 && attn_mask.isNone(),
-      "flagos-cuda: flash attention with dropout_p > 0 or an attn_mask is not supported through flagos yet; "
-      "set dropout_p=0 or choose another SDPA backend (torch.nn.attention.sdpa_kernel)");
+      "flagos-cuda: flash attention through flagos needs dropout_p == 0 and no attn_mask (got dropout_p=",
+      dropout_p, ", attn_mask ", attn_mask.isNone() ? "none" : "given",
+      "); choose another SDPA backend with torch.nn.attention.sdpa_kernel");
 }
 
 class FlashAttentionProvider final : public KernelProvider {
