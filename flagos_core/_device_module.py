@@ -219,3 +219,8 @@ def reset_accumulated_memory_stats(device=None):
 
 def empty_cache():
     _C._empty_cache()
+
+
+def mem_get_info(device=None):
+    """(free, total) bytes of the device's memory."""
+    return tuple(_C._mem_get_info(_index(device)))

@@ -1,6 +1,7 @@
 """Memory statistics of the flagos allocator follow allocations, frees and the cache."""
 
 import gc
+import os
 
 import pytest
 import torch
@@ -219,3 +220,14 @@ def test_torch_accelerator_memory_agrees(clean):
     acc.empty_cache()
     assert torch.flagos.memory_reserved() == torch.flagos.memory_allocated()
     del x
+
+
+def test_mem_get_info_reports_host_ram_on_the_host_runtime():
+    if flagos_core.runtime()["name"] != "host":
+        pytest.skip("host runtime figures")
+    free, total = torch.flagos.mem_get_info()
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert total == page * os.sysconf("SC_PHYS_PAGES")
+    assert 0 < free <= total
+    if hasattr(torch.accelerator, "get_memory_info"):
+        assert torch.accelerator.get_memory_info(0)[1] == total

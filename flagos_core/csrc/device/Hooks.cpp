@@ -106,6 +106,9 @@ struct ForwardingAllocator final : public c10::DeviceAllocator {
   void resetPeakStats(c10::DeviceIndex index) override {
     target().resetPeakStats(index);
   }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex index) override {
+    return target().getMemoryInfo(index);
+  }
 };
 
 ForwardingAllocator g_allocator;

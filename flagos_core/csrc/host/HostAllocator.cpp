@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -168,6 +170,11 @@ void HostCachingAllocator::resetPeakStats(c10::DeviceIndex index) {
       stat.peak = stat.current;
     }
   }
+}
+
+std::pair<size_t, size_t> HostCachingAllocator::getMemoryInfo(c10::DeviceIndex /*index*/) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGE_SIZE));
+  return {static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * page, static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * page};
 }
 
 // Pinned memory on the host runtime is ordinary host memory that remembers

@@ -38,6 +38,8 @@ class HostCachingAllocator final : public c10::DeviceAllocator {
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex index) override;
   void resetAccumulatedStats(c10::DeviceIndex index) override;
   void resetPeakStats(c10::DeviceIndex index) override;
+  // (free, total) bytes: host RAM, which every host device draws on.
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex index) override;
 
   // Whether `deleter` frees blocks of this allocator.
   static bool owns(const c10::DataPtr& ptr);

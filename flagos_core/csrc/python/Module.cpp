@@ -92,6 +92,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_reset_accumulated_memory_stats", [](int index) {
     activeRuntime().allocator()->resetAccumulatedStats(static_cast<c10::DeviceIndex>(index));
   });
+  m.def("_mem_get_info", [](int index) {
+    activeRuntime().checkIndex(static_cast<c10::DeviceIndex>(index));
+    return activeRuntime().allocator()->getMemoryInfo(static_cast<c10::DeviceIndex>(index));
+  });
   m.def("_empty_cache", [] { activeRuntime().allocator()->emptyCache(); });
 
   m.def("_providers", &providerNames);

@@ -48,4 +48,8 @@ void CudaAllocator::resetPeakStats(c10::DeviceIndex index) {
   native().resetPeakStats(index);
 }
 
+std::pair<size_t, size_t> CudaAllocator::getMemoryInfo(c10::DeviceIndex index) {
+  return native().getMemoryInfo(index);
+}
+
 } // namespace flagos::cuda

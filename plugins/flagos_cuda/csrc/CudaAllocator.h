@@ -17,6 +17,7 @@ class CudaAllocator final : public c10::DeviceAllocator {
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex index) override;
   void resetAccumulatedStats(c10::DeviceIndex index) override;
   void resetPeakStats(c10::DeviceIndex index) override;
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex index) override;
 };
 
 } // namespace flagos::cuda
