@@ -20,7 +20,10 @@ def _index(device=None):
         if device.type != _BACKEND:
             raise ValueError(f"expected a flagos device, got {device}")
         index = _C._current_device() if device.index is None else device.index
-    _C._check_device(index)
+    count = _C._device_count()
+    if not 0 <= index < count:
+        raise RuntimeError(f"flagos:{index} is not a valid device: the {_C._runtime_name()} runtime has {count} "
+                           f"flagos device(s), flagos:0 to flagos:{count - 1}")
     return index
 
 

@@ -47,6 +47,17 @@ py::dict statsDict(c10::DeviceIndex index) {
 PYBIND11_MODULE(_C, m) {
   using namespace flagos;
   m.doc() = "flagos core bindings";
+  // Our own translation of c10::Error, so errors from these bindings do not
+  // depend on torch's translator being visible across pybind11 builds.
+  py::register_local_exception_translator([](std::exception_ptr error) {
+    try {
+      if (error) {
+        std::rethrow_exception(error);
+      }
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    }
+  });
   m.attr("PLUGIN_ABI_VERSION") = kPluginAbiVersion;
 
   m.def("_activate_host_runtime", [](int devices) {

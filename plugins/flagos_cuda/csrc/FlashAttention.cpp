@@ -44,43 +44,55 @@ class FlashAttentionProvider final : public KernelProvider {
   }
 
   void call(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack, const OpSlotInfo&) override {
+    // Arguments by name: the overloads' schemas differ between torch releases.
+    const auto& schema = op.schema();
+    auto values = torch::jit::pop(*stack, schema.arguments().size());
+    Args args{schema, values};
     if (op.operator_name().name == "aten::_scaled_dot_product_flash_attention_for_cpu") {
-      forward(stack);
+      forward(args, stack);
     } else {
-      backward(stack);
+      backward(args, stack);
     }
   }
 
  private:
-  // (query, key, value, dropout_p, is_causal, *, attn_mask, scale) -> (output, logsumexp)
-  static void forward(Stack* stack) {
-    auto args = torch::jit::pop(*stack, 7);
-    const at::Tensor q = args[0].toTensor();
-    const double dropout_p = args[3].toDouble();
-    checkSupported(dropout_p, args[5]);
+  struct Args {
+    const c10::FunctionSchema& schema;
+    std::vector<c10::IValue>& values;
+    const c10::IValue& operator[](const char* name) const {
+      auto index = schema.argumentIndexWithName(name);
+      TORCH_CHECK(index.has_value(), "flagos-cuda: ", schema.name(), " has no argument '", name, "' in this torch");
+      return values[*index];
+    }
+    std::optional<double> scale() const {
+      return (*this)["scale"].toOptional<double>();
+    }
+  };
+
+  static void forward(const Args& args, Stack* stack) {
+    const at::Tensor q = args["query"].toTensor();
+    const double dropout_p = args["dropout_p"].toDouble();
+    checkSupported(dropout_p, args["attn_mask"]);
     c10::DeviceGuard guard(q.device());
     auto out = at::_scaled_dot_product_flash_attention(
-        native(q), native(args[1].toTensor()), native(args[2].toTensor()), dropout_p, args[4].toBool(), false,
-        args[6].toOptional<double>());
+        native(q), native(args["key"].toTensor()), native(args["value"].toTensor()), dropout_p,
+        args["is_causal"].toBool(), false, args.scale());
     const auto index = q.device().index();
     torch::jit::push(*stack, flagos(std::get<0>(out), index), flagos(std::get<1>(out), index));
   }
 
-  // (grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask, scale)
-  //   -> (grad_query, grad_key, grad_value)
-  static void backward(Stack* stack) {
-    auto args = torch::jit::pop(*stack, 10);
-    const at::Tensor q = args[1].toTensor();
-    const at::Tensor k = args[2].toTensor();
-    const double dropout_p = args[6].toDouble();
-    checkSupported(dropout_p, args[8]);
+  static void backward(const Args& args, Stack* stack) {
+    const at::Tensor q = args["query"].toTensor();
+    const at::Tensor k = args["key"].toTensor();
+    const double dropout_p = args["dropout_p"].toDouble();
+    checkSupported(dropout_p, args["attn_mask"]);
     c10::DeviceGuard guard(q.device());
     const at::Tensor none;
     const auto empty = at::empty({0}, q.options().device(c10::Device(c10::DeviceType::CUDA, q.device().index())).dtype(at::kLong));
     auto grads = at::_scaled_dot_product_flash_attention_backward(
-        native(args[0].toTensor()), native(q), native(k), native(args[3].toTensor()), native(args[4].toTensor()),
-        native(args[5].toTensor()), none, none, q.size(-2), k.size(-2), dropout_p, args[7].toBool(), empty, empty,
-        args[9].toOptional<double>());
+        native(args["grad_out"].toTensor()), native(q), native(k), native(args["value"].toTensor()),
+        native(args["out"].toTensor()), native(args["logsumexp"].toTensor()), none, none, q.size(-2), k.size(-2),
+        dropout_p, args["is_causal"].toBool(), empty, empty, args.scale());
     const auto index = q.device().index();
     torch::jit::push(
         *stack, flagos(std::get<0>(grads), index), flagos(std::get<1>(grads), index), flagos(std::get<2>(grads), index));
