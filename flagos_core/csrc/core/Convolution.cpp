@@ -13,13 +13,6 @@
 namespace flagos {
 namespace {
 
-at::Tensor native(const at::Tensor& t) {
-  if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) {
-    return t;
-  }
-  return toNative(t, activeRuntime().nativeDevice(t.device().index()));
-}
-
 at::Tensor back(const at::Tensor& t, c10::DeviceIndex index) {
   return t.defined() ? adoptNative(t, index) : t;
 }
@@ -35,9 +28,9 @@ at::Tensor convolution(
     c10::IntArrayRef output_padding,
     int64_t groups) {
   c10::DeviceGuard guard(input.device());
-  std::optional<at::Tensor> native_bias = bias.has_value() ? std::optional<at::Tensor>(native(*bias)) : std::nullopt;
+  std::optional<at::Tensor> native_bias = bias.has_value() ? std::optional<at::Tensor>(nativeAliasOf(*bias)) : std::nullopt;
   at::Tensor out = at::convolution(
-      native(input), native(weight), native_bias, stride, padding, dilation, transposed, output_padding, groups);
+      nativeAliasOf(input), nativeAliasOf(weight), native_bias, stride, padding, dilation, transposed, output_padding, groups);
   return back(out, input.device().index());
 }
 
@@ -60,7 +53,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
     bias_sizes = bias_size;
   }
   auto grads = at::convolution_backward(
-      native(grad_output), native(input), native(weight), bias_sizes, stride, padding, dilation, transposed,
+      nativeAliasOf(grad_output), nativeAliasOf(input), nativeAliasOf(weight), bias_sizes, stride, padding, dilation, transposed,
       output_padding, groups, output_mask);
   const auto index = input.device().index();
   return {back(std::get<0>(grads), index), back(std::get<1>(grads), index), back(std::get<2>(grads), index)};

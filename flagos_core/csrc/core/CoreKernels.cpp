@@ -52,20 +52,13 @@ at::Tensor emptyStrided(
       size, stride, activeRuntime().allocator(), kFlagosKeys, c10::dtype_or_default(dtype));
 }
 
-at::Tensor nativeView(const at::Tensor& t) {
-  if (t.device().type() != c10::DeviceType::PrivateUse1) {
-    return t;
-  }
-  return toNative(t, activeRuntime().nativeDevice(t.device().index()));
-}
-
 // Copies run as the native device's copy_ on aliases: memcpy for host,
 // cudaMemcpyAsync for CUDA, with dtype/layout conversion included.
 at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   const at::Tensor& flagos_side = dst.device().type() == c10::DeviceType::PrivateUse1 ? dst : self;
   c10::DeviceGuard guard(flagos_side.device());
-  at::Tensor dst_native = nativeView(dst);
-  dst_native.copy_(nativeView(self), non_blocking);
+  at::Tensor dst_native = nativeAliasOf(dst);
+  dst_native.copy_(nativeAliasOf(self), non_blocking);
   return dst;
 }
 

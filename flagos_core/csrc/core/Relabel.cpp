@@ -84,12 +84,6 @@ at::Tensor flagosTensorOver(c10::Storage storage, const at::Tensor& geometry) {
       "! (when checking argument for argument ", arg.name(), " in method ", op.operator_name(), ")");
 }
 
-bool isOptionalGenerator(const c10::Argument& arg) {
-  const auto& type = arg.type();
-  return type->kind() == c10::TypeKind::OptionalType &&
-      type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType;
-}
-
 struct Alias {
   at::Tensor native;
   at::Tensor original;
@@ -231,6 +225,13 @@ at::Tensor toNative(const at::Tensor& t, c10::Device native) {
       nativeStorageFor(src->storage().unsafeGetStorageImpl(), native), keysFor(native), t.dtype());
   copyGeometry(*src, *impl);
   return at::Tensor(std::move(impl));
+}
+
+at::Tensor nativeAliasOf(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) {
+    return t;
+  }
+  return toNative(t, activeRuntime().nativeDevice(t.device().index()));
 }
 
 at::Tensor adoptNative(const at::Tensor& native, c10::DeviceIndex index) {

@@ -92,18 +92,6 @@ Router& router() {
   return *instance;
 }
 
-// "aten::add.Tensor" -> "add.Tensor"; names outside aten keep their namespace.
-std::string canonicalName(const std::string& name) {
-  const std::string prefix = "aten::";
-  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
-}
-
-std::string operatorName(const c10::OperatorHandle& op) {
-  const auto& n = op.operator_name();
-  std::string name = canonicalName(n.name);
-  return n.overload_name.empty() ? name : name + "." + n.overload_name;
-}
-
 std::optional<c10::OperatorHandle> findHandle(const std::string& overload) {
   std::string qualified = overload.find("::") == std::string::npos ? "aten::" + overload : overload;
   const auto dot = qualified.find('.', qualified.find("::"));
@@ -120,10 +108,7 @@ void describe(Slot& slot, const c10::OperatorHandle& op) {
   slot.metadata_only = metadata_views.count(slot.name) != 0;
   for (const auto& arg : op.schema().arguments()) {
     slot.writes = slot.writes || (arg.alias_info() && arg.alias_info()->isWrite());
-    const auto& type = arg.type();
-    slot.takes_generator = slot.takes_generator ||
-        (type->kind() == c10::TypeKind::OptionalType &&
-         type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType);
+    slot.takes_generator = slot.takes_generator || isOptionalGenerator(arg);
   }
 }
 
@@ -185,7 +170,7 @@ size_t dynamicSlot(const c10::OperatorHandle& op) {
   if (found != r.dynamic_by_op.end()) {
     return found->second;
   }
-  const std::string name = operatorName(op);
+  const std::string name = overloadName(op);
   auto existing = r.by_name.find(name);
   size_t index = existing != r.by_name.end() ? existing->second : r.addSlotLocked(name, false);
   r.dynamic_by_op.emplace(key, index);
@@ -211,6 +196,24 @@ size_t slotIndexOrThrow(const std::string& overload) {
 }
 
 } // namespace
+
+// "aten::add.Tensor" -> "add.Tensor"; names outside aten keep their namespace.
+std::string overloadName(const std::string& qualified) {
+  const std::string prefix = "aten::";
+  return qualified.rfind(prefix, 0) == 0 ? qualified.substr(prefix.size()) : qualified;
+}
+
+std::string overloadName(const c10::OperatorHandle& op) {
+  const auto& n = op.operator_name();
+  std::string name = overloadName(n.name);
+  return n.overload_name.empty() ? name : name + "." + n.overload_name;
+}
+
+bool isOptionalGenerator(const c10::Argument& arg) {
+  const auto& type = arg.type();
+  return type->kind() == c10::TypeKind::OptionalType &&
+      type->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType;
+}
 
 void registerProvider(std::shared_ptr<KernelProvider> provider) {
   Router& r = router();
@@ -241,7 +244,7 @@ std::vector<std::string> providerNames() {
 
 std::optional<size_t> slotOf(const std::string& overload) {
   Router& r = router();
-  const std::string name = canonicalName(overload);
+  const std::string name = overloadName(overload);
   {
     std::lock_guard<std::mutex> lock(r.mutex);
     auto found = r.by_name.find(name);
@@ -264,7 +267,7 @@ std::string slotName(size_t slot) {
 }
 
 std::string routeOf(const std::string& overload) {
-  const std::string name = canonicalName(overload);
+  const std::string name = overloadName(overload);
   if (coreOwned().count(name)) {
     return "core";
   }
@@ -287,7 +290,7 @@ std::string routeLayerOf(const std::string& overload) {
 }
 
 void setRoute(const std::string& overload, const std::string& provider_name, const std::string& layer) {
-  const std::string name = canonicalName(overload);
+  const std::string name = overloadName(overload);
   TORCH_CHECK(!coreOwned().count(name), "flagos: ", name, " is served by the core itself and cannot be routed");
   const size_t index = slotIndexOrThrow(name);
   auto handle = findHandle(name);
@@ -348,7 +351,7 @@ std::vector<std::string> slotNames() {
 }
 
 bool canServe(const std::string& overload, const std::string& provider_name) {
-  auto handle = findHandle(canonicalName(overload));
+  auto handle = findHandle(overloadName(overload));
   TORCH_CHECK(handle.has_value(), "flagos: unknown operator overload '", overload, "'");
   KernelProvider* provider = findProvider(provider_name);
   TORCH_CHECK(provider != nullptr, "flagos: unknown provider '", provider_name, "'; valid providers: ", [] {

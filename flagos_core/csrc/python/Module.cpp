@@ -83,7 +83,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_device", [](int index) {
     activeRuntime().setDevice(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)));
   });
-  m.def("_check_device", [](int index) { activeRuntime().checkIndex(static_cast<c10::DeviceIndex>(index)); });
   m.def("_synchronize", [](int index) {
     py::gil_scoped_release no_gil;
     activeRuntime().synchronizeDevice(static_cast<c10::DeviceIndex>(index));

@@ -16,21 +16,11 @@ namespace py = pybind11;
 namespace flagos {
 namespace {
 
-std::string overloadName(const c10::OperatorHandle& op) {
-  const auto& n = op.operator_name();
-  std::string name = n.name.rfind("aten::", 0) == 0 ? n.name.substr(6) : n.name;
-  return n.overload_name.empty() ? name : name + "." + n.overload_name;
-}
-
 class PythonProvider final : public KernelProvider {
  public:
   PythonProvider(std::string name, py::dict kernels) : KernelProvider(std::move(name)) {
     for (auto item : kernels) {
-      std::string op = py::cast<std::string>(item.first);
-      if (op.rfind("aten::", 0) == 0) {
-        op = op.substr(6);
-      }
-      kernels_.emplace(op, py::reinterpret_borrow<py::object>(item.second));
+      kernels_.emplace(overloadName(py::cast<std::string>(item.first)), py::reinterpret_borrow<py::object>(item.second));
     }
   }
 

@@ -50,6 +50,9 @@ class FLAGOS_API KernelProvider {
   std::string name_;
 };
 
+// Whether a schema argument is a `Generator?`.
+FLAGOS_API bool isOptionalGenerator(const c10::Argument& arg);
+
 FLAGOS_API void registerProvider(std::shared_ptr<KernelProvider> provider);
 FLAGOS_API KernelProvider* findProvider(const std::string& name);
 FLAGOS_API std::vector<std::string> providerNames();

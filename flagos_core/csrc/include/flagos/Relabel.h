@@ -12,6 +12,9 @@ namespace flagos {
 
 // A native-device alias of a flagos tensor (same StorageImpl, same geometry).
 FLAGOS_API at::Tensor toNative(const at::Tensor& flagos_tensor, c10::Device native);
+// toNative for a flagos tensor on its device's native device; any other
+// tensor (CPU, undefined) as it is.
+FLAGOS_API at::Tensor nativeAliasOf(const at::Tensor& t);
 // A flagos tensor over `native`'s memory on flagos:<index>, without copying.
 FLAGOS_API at::Tensor adoptNative(const at::Tensor& native, c10::DeviceIndex index);
 

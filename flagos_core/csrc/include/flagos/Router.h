@@ -18,6 +18,9 @@ namespace flagos {
 // "ns::op.overload"), or nullopt if the dispatcher does not know it.
 FLAGOS_API std::optional<size_t> slotOf(const std::string& overload);
 FLAGOS_API std::string slotName(size_t slot);
+// The name routes use for an overload: "add.Tensor", custom ones "ns::op.overload".
+FLAGOS_API std::string overloadName(const c10::OperatorHandle& op);
+FLAGOS_API std::string overloadName(const std::string& qualified); // drops "aten::"
 
 // Provider serving an overload now (resolving its default if not yet called).
 FLAGOS_API std::string routeOf(const std::string& overload);
