@@ -1,26 +1,37 @@
 """Qwen3-0.6B (published sizes, random init, no download) on a given device:
-the model, a training step and greedy decoding, shared by the GPU parity
-tests and the GPU benchmark."""
+the model, a training step and greedy decoding (generate, and a static-cache
+loop that can replay one decode step as a CUDA graph), shared by the GPU
+parity tests and the GPU benchmark."""
 
+import inspect
 import time
 
 import torch
 
 
-def config():
+# A tiny Qwen3 for checks on CPU: config(**TINY), build(..., **TINY). The wide
+# init keeps logits far from uniform, so greedy tokens vary.
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            intermediate_size=128, vocab_size=1000, max_position_embeddings=256, initializer_range=0.2)
+
+
+def config(**overrides):
+    """Qwen3-0.6B's published sizes; keyword arguments override any field."""
     from transformers import Qwen3Config
 
-    return Qwen3Config(
+    fields = dict(
         hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
         intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096,
         attn_implementation="sdpa")
+    fields.update(overrides)
+    return Qwen3Config(**fields)
 
 
-def build(device, dtype, seed=0):
+def build(device, dtype, seed=0, **overrides):
     from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config()).to(dtype)  # same init on CPU for both sides
+    model = Qwen3ForCausalLM(config(**overrides)).to(dtype)  # same init on CPU for both sides
     return model.to(device)
 
 
@@ -44,11 +55,104 @@ def train(model, data, device, lr=1e-4):
 
 
 @torch.no_grad()
-def greedy(model, prompt, new_tokens, device):
+def greedy(model, prompt, new_tokens, device, static_cache=False):
+    """Greedy tokens of model.generate. static_cache=True decodes with the same
+    StaticCache as greedy_graphed, so both attend over the same padded,
+    masked cache and run the same kernels (the default dynamic cache attends
+    over the grown length without a mask: other kernels, other rounding)."""
+    kwargs = {}
+    if static_cache:
+        kwargs[_cache_kwarg(model)] = make_static_cache(model, prompt.shape[1] + new_tokens, device)
+        # On CUDA generate torch.compiles the forward for a static cache:
+        # other kernels. Stay eager.
+        if hasattr(model.generation_config, "disable_compile"):
+            kwargs["disable_compile"] = True
     out = model.generate(
         prompt.to(device), max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-        pad_token_id=0, eos_token_id=None)
+        pad_token_id=0, eos_token_id=None, **kwargs)
     return out[0, prompt.shape[1]:].cpu()
+
+
+def _cache_kwarg(model):
+    # transformers 5.x renamed the forward's past_key_values to cache (the old
+    # name still works there, with a deprecation warning).
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def make_static_cache(model, max_cache_len, device):
+    from transformers import StaticCache
+
+    params = inspect.signature(StaticCache.__init__).parameters
+    kwargs = dict(config=model.config, max_cache_len=max_cache_len)
+    if "dtype" in params:  # older transformers allocate up front and need these
+        kwargs.update(max_batch_size=1, device=torch.device(device), dtype=model.dtype)
+    return StaticCache(**kwargs)
+
+
+@torch.no_grad()
+def greedy_graphed(model, prompt, new_tokens, device, use_graph=True, warmup=3):
+    """Greedy tokens (batch 1) with a static KV cache: prefill eagerly, then
+    decode one token per step. With use_graph, the first `warmup` steps run
+    eagerly on a side stream, one step is captured as a CUDA graph and the
+    rest replay it; use_graph=False runs every step eagerly (any device).
+
+    A step reads the static buffers ids and pos and writes the next token
+    into out; between steps out is copied into ids and pos is advanced, on
+    the device, so nothing waits on the host until the tokens are returned."""
+    device = torch.device(device)
+    length = prompt.shape[1]
+    cache = make_static_cache(model, length + new_tokens, device)
+    params = inspect.signature(model.forward).parameters
+    kwargs = {_cache_kwarg(model): cache, "use_cache": True}
+    if "logits_to_keep" in params:  # as generate does: lm_head on the last position only
+        kwargs["logits_to_keep"] = 1
+    # Older transformers index the static cache by cache_position; 5.x
+    # counts the cached length itself (a device tensor, advanced in place).
+    pass_cache_position = "cache_position" in params
+
+    def forward(ids, pos):
+        extra = {"cache_position": pos[0]} if pass_cache_position else {}
+        logits = model(input_ids=ids, position_ids=pos, **kwargs, **extra).logits
+        return logits[:, -1, :].argmax(-1, keepdim=True)  # (1, 1)
+
+    tokens = torch.empty(new_tokens, dtype=torch.long, device=device)
+    ids = forward(prompt.to(device), torch.arange(length, device=device).unsqueeze(0))
+    pos = torch.full((1, 1), length, dtype=torch.long, device=device)
+    tokens[0:1].copy_(ids[0])
+
+    def advance(out, i):
+        tokens[i:i + 1].copy_(out[0])
+        ids.copy_(out)
+        pos.add_(1)
+
+    i = 1
+    if use_graph and new_tokens > 1:
+        # flagos kernels are CUDA kernels on the current CUDA stream; the
+        # flagos names are torch.cuda's graph, CUDAGraph (flagos_cuda/graphs.py).
+        module = torch.flagos if device.type == "flagos" else torch.cuda
+        # Warm-up steps are real decode steps (they fill the cache), run on a
+        # side stream as the CUDA graph docs ask before a capture; at least
+        # one step is left for the graph.
+        side = module.Stream()
+        side.wait_stream(module.current_stream())
+        with module.stream(side):
+            while i < min(1 + warmup, new_tokens - 1):
+                advance(forward(ids, pos), i)
+                i += 1
+        module.current_stream().wait_stream(side)
+        # Capture records the kernels without running them: the cache and
+        # its length stay as the warm-up left them.
+        g = module.CUDAGraph()
+        with module.graph(g):
+            out = forward(ids, pos)
+        while i < new_tokens:
+            g.replay()
+            advance(out, i)
+            i += 1
+    while i < new_tokens:
+        advance(forward(ids, pos), i)
+        i += 1
+    return tokens.cpu()
 
 
 class Trainer:

@@ -231,3 +231,26 @@ def test_mem_get_info_reports_host_ram_on_the_host_runtime():
     assert 0 < free <= total
     if hasattr(torch.accelerator, "get_memory_info"):
         assert torch.accelerator.get_memory_info(0)[1] == total
+
+
+@pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="the host runtime's CPU-allocator redirect")
+def test_raw_allocations_inside_host_kernels(clean):
+    """oneDNN takes its scratch memory through the CPU allocator's raw_allocate
+    (bf16 Linear on 3-d input goes that way); inside a host kernel that memory
+    comes from the flagos pool and must go back to it."""
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(64, 128).to(torch.bfloat16)
+    dev = torch.nn.Linear(64, 128).to(torch.bfloat16)
+    dev.load_state_dict(ref.state_dict())
+    dev = dev.to("flagos")
+    x = torch.randn(2, 16, 64, dtype=torch.bfloat16)
+    before = torch.flagos.memory_allocated()
+    out_ref, out = ref(x), dev(x.to("flagos"))
+    out_ref.float().square().sum().backward()
+    out.float().square().sum().backward()
+    assert torch.equal(out.cpu(), out_ref)
+    assert torch.equal(dev.weight.grad.cpu(), ref.weight.grad)
+    del out
+    dev.zero_grad(set_to_none=True)
+    gc.collect()
+    assert torch.flagos.memory_allocated() == before

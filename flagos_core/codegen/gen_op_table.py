@@ -1,4 +1,5 @@
-"""Generate the router's op table from the installed torch's native_functions.yaml.
+"""Generate the router's op table, and the typed kernels of hot overloads, from the
+installed torch's native_functions.yaml.
 
 Run at build time (CMake), never checked in: the table always matches the torch the
 core is compiled against, so no torch minor version is pinned.
@@ -9,19 +10,32 @@ routing slot. One that also has a CompositeImplicitAutograd kernel is listed too
 CPU and CUDA run their own kernel for it rather than the decomposition, and flagos must
 run what they run. Purely composite overloads decompose as PyTorch decomposes them and
 are left to the dispatcher.
+
+Overloads whose base name is listed in typed_ops.txt (or every overload, with
+--typed all) get a typed kernel (core/TypedKernel.h) when their C++ signature
+allows it; the rest are served boxed. Typed kernels are spread over --shards
+files so the build compiles them in parallel.
 """
 
 import argparse
 import os
 
 import torchgen
+from torchgen.api.types import DispatcherSignature
+from torchgen.context import native_function_manager
 from torchgen.gen import parse_native_yaml
 from torchgen.model import DeviceCheckType, DispatchKey
 
 BACKENDS = (DispatchKey.CPU, DispatchKey.CUDA)
 
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Argument types the typed path does not convert: those overloads stay boxed.
+BOXED_ONLY_TYPES = ("Generator", "Device", "Stream", "Storage")
+
+
 def routable_overloads():
+    """(function, exact_device) for each overload that reaches PrivateUse1."""
     native_dir = os.path.join(os.path.dirname(torchgen.__file__), "packaged", "ATen", "native")
     parsed = parse_native_yaml(
         os.path.join(native_dir, "native_functions.yaml"), os.path.join(native_dir, "tags.yaml")
@@ -36,14 +50,31 @@ def routable_overloads():
         return delegate is not None and has_backend_kernel(by_name[str(delegate)])
 
     for f in parsed.native_functions:
-        if not has_backend_kernel(f):
-            continue
-        name = str(f.func.name)
-        exact_device = f.device_check == DeviceCheckType.ExactSame
-        yield name, exact_device
+        if has_backend_kernel(f):
+            yield f, f.device_check == DeviceCheckType.ExactSame
 
 
-def render(rows):
+def typed_signature_ok(f):
+    """Whether TypedKernel.h can serve f's C++ (at::_ops) signature."""
+    with native_function_manager(f):
+        sig = DispatcherSignature.from_schema(f.func)
+        args = [a.type for a in sig.arguments()]
+        ret = sig.returns_type().cpp_type()
+    if any(t in a for a in args for t in BOXED_ONLY_TYPES):
+        return False
+    if ret == "at::Tensor &":  # in-place returns its first argument, out= its last
+        return bool(args) and (args[0] == "at::Tensor &" or args[-1] == "at::Tensor &")
+    return "&" not in ret
+
+
+def typed_names(choice):
+    if choice == "all":
+        return None
+    with open(os.path.join(HERE, "typed_ops.txt")) as listing:
+        return {line.split("#")[0].strip() for line in listing} - {""}
+
+
+def render_table(rows):
     lines = [
         "// Generated at build time by flagos_core/codegen/gen_op_table.py. Do not edit.",
         '#include "core/OpTable.h"',
@@ -52,8 +83,8 @@ def render(rows):
         "",
         "const OpTableRow kOpTable[] = {",
     ]
-    for name, exact_device in rows:
-        lines.append(f'    {{"{name}", {str(exact_device).lower()}}},')
+    for name, exact_device, typed in rows:
+        lines.append(f'    {{"{name}", {str(exact_device).lower()}, {str(typed).lower()}}},')
     lines += [
         "};",
         "",
@@ -65,16 +96,48 @@ def render(rows):
     return "\n".join(lines)
 
 
+def render_typed(entries):
+    """One TypedKernels file: entries are (slot, overload, op struct, header)."""
+    headers = sorted({h for _, _, _, h in entries})
+    lines = [
+        "// Generated at build time by flagos_core/codegen/gen_op_table.py. Do not edit.",
+        '#include "core/TypedKernel.h"',
+        "",
+    ]
+    lines += [f"#include <ATen/ops/{h}_ops.h>" for h in headers]
+    lines += ["", "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {"]
+    for slot, overload, op, _ in entries:
+        lines.append(f'  flagos::typed::registerTyped<at::_ops::{op}>(m, "{overload}", {slot});')
+    lines += ["}", ""]
+    return "\n".join(lines)
+
+
+def write_if_changed(path, text):
+    # Rewrite only on change so an unchanged torch does not trigger a rebuild.
+    if os.path.exists(path) and open(path).read() == text:
+        return
+    with open(path, "w") as out:
+        out.write(text)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("output")
+    parser.add_argument("outdir")
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--typed", default="list", choices=("list", "all"))
     args = parser.parse_args()
-    text = render(sorted(routable_overloads()))
-    # Rewrite only on change so an unchanged torch does not trigger a rebuild.
-    if os.path.exists(args.output) and open(args.output).read() == text:
-        return
-    with open(args.output, "w") as out:
-        out.write(text)
+    wanted = typed_names(args.typed)
+    rows, typed = [], []
+    for f, exact_device in sorted(routable_overloads(), key=lambda item: str(item[0].func.name)):
+        name = str(f.func.name)
+        is_typed = (wanted is None or f.root_name in wanted or str(f.func.name.name) in wanted) and typed_signature_ok(f)
+        if is_typed:
+            typed.append((len(rows), name, f.func.name.unambiguous_name(), f.root_name))
+        rows.append((name, exact_device, is_typed))
+    write_if_changed(os.path.join(args.outdir, "OpTable.cpp"), render_table(rows))
+    for shard in range(args.shards):
+        text = render_typed(typed[shard :: args.shards])
+        write_if_changed(os.path.join(args.outdir, f"TypedKernels{shard}.cpp"), text)
 
 
 if __name__ == "__main__":

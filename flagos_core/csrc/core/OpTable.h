@@ -8,6 +8,7 @@ namespace flagos::generated {
 struct OpTableRow {
   const char* overload; // "add.Tensor", "view" (no overload name)
   bool exact_device; // native_functions.yaml device_check: ExactSame
+  bool typed; // served by a generated typed kernel (TypedKernels*.cpp)
 };
 
 extern const OpTableRow kOpTable[];

@@ -5,6 +5,7 @@
 #include <flagos/Router.h>
 
 #include "core/OpTable.h"
+#include "core/RouterInternal.h"
 
 #include <torch/library.h>
 
@@ -33,6 +34,8 @@ struct Slot {
   bool metadata_only = false;
   KernelProvider* explicit_provider = nullptr;
   std::string layer = "default";
+  // Set once, before `provider` is first published.
+  std::optional<c10::OperatorHandle> handle;
 };
 
 struct Router {
@@ -130,8 +133,15 @@ KernelProvider* resolve(size_t index, const c10::OperatorHandle& op) {
   }
   TORCH_CHECK(chosen != nullptr, "flagos: no provider can run ", slot.name, "; live providers: ", r.providerListLocked());
   describe(slot, op);
+  if (!slot.handle) {
+    slot.handle = op;
+  }
   slot.provider.store(chosen, std::memory_order_release);
   return chosen;
+}
+
+OpSlotInfo infoOf(size_t index, const Slot& slot) {
+  return OpSlotInfo{index, slot.exact_device, slot.writes, slot.takes_generator, slot.metadata_only};
 }
 
 void dispatchSlot(size_t index, const c10::OperatorHandle& op, c10::DispatchKeySet keys, Stack* stack) {
@@ -147,7 +157,7 @@ void dispatchSlot(size_t index, const c10::OperatorHandle& op, c10::DispatchKeyS
   if (C10_UNLIKELY(r.log_dispatch.load(std::memory_order_relaxed))) {
     std::fprintf(stderr, "flagos: %s -> %s\n", slot.name.c_str(), provider->name().c_str());
   }
-  provider->call(op, keys, stack, OpSlotInfo{index, slot.exact_device, slot.writes, slot.takes_generator, slot.metadata_only});
+  provider->call(op, keys, stack, infoOf(index, slot));
 }
 
 // The kernel registered for each generated overload: it carries its slot.
@@ -308,6 +318,9 @@ void setRoute(const std::string& overload, const std::string& provider_name, con
   slot.layer = layer;
   if (handle) {
     describe(slot, *handle);
+    if (!slot.handle) {
+      slot.handle = *handle;
+    }
     slot.provider.store(provider, std::memory_order_release);
   } else {
     slot.provider.store(nullptr, std::memory_order_release); // resolved, and described, on first call
@@ -396,13 +409,57 @@ std::map<std::pair<std::string, std::string>, uint64_t> traceEnd() {
   return counts;
 }
 
+namespace detail {
+
+SlotCall enterSlot(size_t index) {
+  Router& r = router();
+  Slot& slot = r.slots[index];
+  KernelProvider* provider = slot.provider.load(std::memory_order_acquire);
+  if (C10_UNLIKELY(provider == nullptr)) {
+    auto handle = slot.handle ? slot.handle : findHandle(slot.name);
+    TORCH_CHECK(handle.has_value(), "flagos: the dispatcher does not know ", slot.name);
+    provider = resolve(index, *handle);
+  }
+  if (C10_UNLIKELY(r.trace_depth.load(std::memory_order_relaxed) > 0)) {
+    r.counters[index * kMaxProviders + provider->index].fetch_add(1, std::memory_order_relaxed);
+  }
+  if (C10_UNLIKELY(r.log_dispatch.load(std::memory_order_relaxed))) {
+    std::fprintf(stderr, "flagos: %s -> %s\n", slot.name.c_str(), provider->name().c_str());
+  }
+  return SlotCall{provider, &*slot.handle, infoOf(index, slot)};
+}
+
+namespace {
+
+class ProviderKernel final : public c10::OperatorKernel {
+ public:
+  explicit ProviderKernel(size_t slot) : slot_(slot) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, Stack* stack) {
+    Slot& slot = router().slots[slot_];
+    KernelProvider* provider = slot.provider.load(std::memory_order_acquire);
+    TORCH_INTERNAL_ASSERT(provider != nullptr, "flagos: slot ", slot.name, " has no provider");
+    provider->call(op, keys, stack, infoOf(slot_, slot));
+  }
+
+ private:
+  size_t slot_;
+};
+
+} // namespace
+
+c10::BoxedKernel providerBoxedKernel(size_t index) {
+  return c10::BoxedKernel::makeFromFunctor(std::make_unique<ProviderKernel>(index));
+}
+
+} // namespace detail
+
 } // namespace flagos
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   using flagos::generated::kOpTable;
   for (size_t i = 0; i < flagos::generated::kOpTableSize; ++i) {
-    if (flagos::coreOwned().count(kOpTable[i].overload)) {
-      continue;
+    if (kOpTable[i].typed || flagos::coreOwned().count(kOpTable[i].overload)) {
+      continue; // typed rows register in the generated TypedKernels*.cpp
     }
     m.impl(
         kOpTable[i].overload,

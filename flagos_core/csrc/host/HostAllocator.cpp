@@ -51,10 +51,11 @@ struct HostCachingAllocator::Block {
 struct HostCachingAllocator::Pool {
   std::mutex mutex;
   std::unordered_map<size_t, std::vector<Block*>> free_blocks;
+  // Blocks handed out with the data pointer as context (see allocateOn).
+  std::unordered_map<void*, Block*> by_data;
   DeviceStats stats;
 
-  void release(Block* block) {
-    std::lock_guard<std::mutex> lock(mutex);
+  void releaseLocked(Block* block) {
     update(stats.allocated_bytes, -static_cast<int64_t>(block->size));
     update(stats.active_bytes, -static_cast<int64_t>(block->size));
     update(stats.requested_bytes, -static_cast<int64_t>(block->requested));
@@ -62,19 +63,53 @@ struct HostCachingAllocator::Pool {
     update(stats.active, -1);
     free_blocks[block->size].push_back(block);
   }
+
+  void release(Block* block) {
+    std::lock_guard<std::mutex> lock(mutex);
+    releaseLocked(block);
+  }
+
+  bool releaseByData(void* data) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = by_data.find(data);
+    if (found == by_data.end()) {
+      return false;
+    }
+    Block* block = found->second;
+    by_data.erase(found);
+    releaseLocked(block);
+    return true;
+  }
 };
 
 namespace {
+HostCachingAllocator* g_allocator = nullptr; // the one instance; lives for the process
+
 void freeBlock(void* ctx) {
   auto* block = static_cast<HostCachingAllocator::Block*>(ctx);
   block->pool->release(block);
 }
+
+void freeBlockByData(void* data) {
+  const bool released = g_allocator->releaseByData(data);
+  TORCH_INTERNAL_ASSERT(released, "flagos: freeing host memory the pool does not know");
+}
 } // namespace
+
+bool HostCachingAllocator::releaseByData(void* data) {
+  for (auto& pool : pools_) {
+    if (pool->releaseByData(data)) {
+      return true;
+    }
+  }
+  return false;
+}
 
 HostCachingAllocator::HostCachingAllocator(
     c10::DeviceIndex devices,
     std::function<c10::DeviceIndex()> current_device)
     : current_device_(std::move(current_device)) {
+  g_allocator = this;
   for (c10::DeviceIndex i = 0; i < devices; ++i) {
     pools_.push_back(std::make_unique<Pool>());
   }
@@ -82,16 +117,13 @@ HostCachingAllocator::HostCachingAllocator(
 
 HostCachingAllocator::~HostCachingAllocator() = default;
 
-bool HostCachingAllocator::owns(const c10::DataPtr& ptr) {
-  return ptr.get_deleter() == &freeBlock;
-}
 
 c10::DataPtr HostCachingAllocator::allocate(size_t nbytes) {
   const c10::DeviceIndex index = current_device_();
   return allocateOn(nbytes, index, c10::Device(c10::DeviceType::PrivateUse1, index));
 }
 
-c10::DataPtr HostCachingAllocator::allocateOn(size_t nbytes, c10::DeviceIndex index, c10::Device label) {
+c10::DataPtr HostCachingAllocator::allocateOn(size_t nbytes, c10::DeviceIndex index, c10::Device label, bool data_as_context) {
   TORCH_CHECK(
       index >= 0 && static_cast<size_t>(index) < pools_.size(), "flagos: no host device ", static_cast<int>(index));
   if (nbytes == 0) {
@@ -118,6 +150,10 @@ c10::DataPtr HostCachingAllocator::allocateOn(size_t nbytes, c10::DeviceIndex in
   update(pool.stats.requested_bytes, static_cast<int64_t>(nbytes));
   update(pool.stats.allocation, 1);
   update(pool.stats.active, 1);
+  if (data_as_context) {
+    pool.by_data.emplace(block->data, block);
+    return c10::DataPtr(block->data, block->data, &freeBlockByData, label);
+  }
   return c10::DataPtr(block->data, block, &freeBlock, label);
 }
 

@@ -22,8 +22,13 @@ class HostCachingAllocator final : public c10::DeviceAllocator {
 
   c10::DataPtr allocate(size_t nbytes) override;
   // Memory of flagos:<index>, labelled `label` (the CPU label while a CPU
-  // kernel runs on it, relabelled flagos afterwards).
-  c10::DataPtr allocateOn(size_t nbytes, c10::DeviceIndex index, c10::Device label);
+  // kernel runs on it, relabelled flagos afterwards). With `data_as_context`
+  // the DataPtr's context is its data pointer, as c10's raw_allocate demands
+  // of CPU allocations (oneDNN scratch memory goes that way); such blocks are
+  // freed by releaseByData.
+  c10::DataPtr allocateOn(size_t nbytes, c10::DeviceIndex index, c10::Device label, bool data_as_context = false);
+  // Frees a data_as_context block; false if `data` is not one.
+  bool releaseByData(void* data);
 
   c10::DeleterFnPtr raw_deleter() const override {
     return nullptr; // blocks carry a context; no raw pointers out
@@ -40,9 +45,6 @@ class HostCachingAllocator final : public c10::DeviceAllocator {
   void resetPeakStats(c10::DeviceIndex index) override;
   // (free, total) bytes: host RAM, which every host device draws on.
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex index) override;
-
-  // Whether `deleter` frees blocks of this allocator.
-  static bool owns(const c10::DataPtr& ptr);
 
   struct Block;
   struct Pool;

@@ -39,21 +39,31 @@ struct HostEvent {
 // device memory statistics see them. Elsewhere it is the CPU allocator.
 class RedirectingCpuAllocator final : public c10::Allocator {
  public:
-  RedirectingCpuAllocator(c10::Allocator* base, HostCachingAllocator* pool) : base_(base), pool_(pool) {}
+  RedirectingCpuAllocator(c10::Allocator* base, HostCachingAllocator* pool) : base_(base), pool_(pool) {
+    instance_ = this;
+  }
+  RedirectingCpuAllocator(const RedirectingCpuAllocator&) = delete;
   c10::DataPtr allocate(size_t n) override {
     if (t_redirect_device >= 0) {
-      return pool_->allocateOn(n, t_redirect_device, c10::Device(c10::DeviceType::CPU));
+      return pool_->allocateOn(n, t_redirect_device, c10::Device(c10::DeviceType::CPU), /*data_as_context=*/true);
     }
     return base_->allocate(n);
   }
+  // raw_allocate'd memory (oneDNN scratch) may come from either side.
   c10::DeleterFnPtr raw_deleter() const override {
-    return base_->raw_deleter();
+    return base_->raw_deleter() != nullptr ? &rawDelete : nullptr;
   }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     base_->copy_data(dest, src, count);
   }
 
  private:
+  static void rawDelete(void* data) {
+    if (!instance_->pool_->releaseByData(data)) {
+      instance_->base_->raw_deleter()(data);
+    }
+  }
+  static inline RedirectingCpuAllocator* instance_ = nullptr;
   c10::Allocator* base_;
   HostCachingAllocator* pool_;
 };
@@ -215,17 +225,13 @@ class HostProvider final : public RelabelProvider {
  public:
   HostProvider() : RelabelProvider("host") {}
 
- protected:
-  void runNative(const c10::OperatorHandle& op, Stack* stack, c10::DeviceIndex index) override {
+  int64_t enterNative(c10::DeviceIndex index) override {
     const c10::DeviceIndex saved = t_redirect_device;
     t_redirect_device = index;
-    try {
-      RelabelProvider::runNative(op, stack, index);
-    } catch (...) {
-      t_redirect_device = saved;
-      throw;
-    }
-    t_redirect_device = saved;
+    return saved;
+  }
+  void exitNative(int64_t entered) override {
+    t_redirect_device = static_cast<c10::DeviceIndex>(entered);
   }
 };
 

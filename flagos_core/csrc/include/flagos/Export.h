@@ -11,5 +11,5 @@ namespace flagos {
 // Bumped whenever a header under include/flagos changes in a way that breaks
 // plugins compiled against an older core. Plugins report the value they were
 // built with; the core refuses a mismatch.
-constexpr int kPluginAbiVersion = 1;
+constexpr int kPluginAbiVersion = 2;
 } // namespace flagos

@@ -28,6 +28,8 @@ struct OpSlotInfo {
   bool metadata_only;
 };
 
+class RelabelProvider;
+
 class FLAGOS_API KernelProvider {
  public:
   explicit KernelProvider(std::string name) : name_(std::move(name)) {}
@@ -45,6 +47,14 @@ class FLAGOS_API KernelProvider {
       const OpSlotInfo& info) = 0;
   // Index among registered providers; set by registerProvider.
   int index = -1;
+  // Set when this provider is a RelabelProvider: the typed kernels then run
+  // its steps without boxing the call.
+  RelabelProvider* relabel() const {
+    return relabel_;
+  }
+
+ protected:
+  RelabelProvider* relabel_ = nullptr;
 
  private:
   std::string name_;

@@ -1,9 +1,9 @@
 #pragma once
 
 // Zero-copy relabel: run a native device's kernel on a flagos tensor by
-// viewing the same storage as a tensor of the native device type. A fresh
-// alias TensorImpl is made per call, so tensors shared between threads are
-// never relabelled in place.
+// viewing the same storage as a tensor of the native device type. Each call
+// gets its own alias TensorImpls (from a per-thread pool), so tensors shared
+// between threads are never relabelled in place.
 
 #include <flagos/Provider.h>
 #include <flagos/Runtime.h>
@@ -19,24 +19,45 @@ FLAGOS_API at::Tensor nativeAliasOf(const at::Tensor& t);
 FLAGOS_API at::Tensor adoptNative(const at::Tensor& native, c10::DeviceIndex index);
 
 // Serves every overload that has a kernel for the active runtime's native
-// dispatch key, through toNative / adoptNative.
+// dispatch key: arguments as native aliases, the native kernel, results back
+// as flagos tensors. Hot overloads reach it through typed kernels generated at
+// build time, the rest boxed; both run the same steps, so `call` is final and
+// a runtime customises only the bracket around the native kernel.
 class FLAGOS_API RelabelProvider : public KernelProvider {
  public:
-  using KernelProvider::KernelProvider;
+  explicit RelabelProvider(std::string name) : KernelProvider(std::move(name)) {
+    relabel_ = this;
+  }
   bool canServe(const c10::OperatorHandle& op) const override;
   void call(
       const c10::OperatorHandle& op,
       c10::DispatchKeySet keys,
       Stack* stack,
-      const OpSlotInfo& info) override;
+      const OpSlotInfo& info) final;
 
- protected:
-  // Runs the native kernel; a runtime may wrap it (the host runtime points
-  // the CPU allocator at device memory for the duration).
-  virtual void runNative(
-      const c10::OperatorHandle& op,
-      Stack* stack,
-      c10::DeviceIndex index);
+  // Around each native kernel, on the calling thread (the host runtime points
+  // the CPU allocator at device memory meanwhile). enterNative's value is
+  // handed to exitNative.
+  virtual int64_t enterNative(c10::DeviceIndex /*index*/) {
+    return 0;
+  }
+  virtual void exitNative(int64_t /*entered*/) {}
+};
+
+// enterNative / exitNative as a scope.
+class NativeScope {
+ public:
+  NativeScope(RelabelProvider& provider, c10::DeviceIndex index)
+      : provider_(provider), entered_(provider.enterNative(index)) {}
+  ~NativeScope() {
+    provider_.exitNative(entered_);
+  }
+  NativeScope(const NativeScope&) = delete;
+  NativeScope& operator=(const NativeScope&) = delete;
+
+ private:
+  RelabelProvider& provider_;
+  int64_t entered_;
 };
 
 } // namespace flagos

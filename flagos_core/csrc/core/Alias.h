@@ -1,0 +1,39 @@
+#pragma once
+
+// Storage- and tensor-level pieces of the zero-copy relabel (internal to the
+// core): native aliases of flagos memory, flagos tensors over native memory,
+// and a per-thread pool of alias TensorImpls so a call makes none.
+
+#include <ATen/Tensor.h>
+#include <c10/core/Storage.h>
+
+#include <optional>
+
+namespace flagos::detail {
+
+// A native storage over a flagos storage's memory; it holds a reference on
+// the flagos StorageImpl, so the memory outlives anything a kernel keeps.
+c10::Storage nativeStorageFor(c10::StorageImpl* flagos, c10::Device native);
+// The flagos storage an alias storage points at, if `native` is one.
+std::optional<c10::Storage> aliasedFlagosStorage(const c10::Storage& native);
+// A flagos-labelled storage over `native`'s memory: relabelled in place when
+// `fresh` (made by the kernel just run, seen by nobody), else wrapped.
+c10::Storage flagosStorageFor(const c10::Storage& native, c10::DeviceIndex index, bool fresh);
+// A new flagos TensorImpl over `storage` with `geometry`'s sizes, strides, dtype.
+at::Tensor flagosTensorOver(c10::Storage storage, const at::Tensor& geometry);
+c10::DispatchKeySet keysFor(c10::Device device);
+void copyGeometry(const c10::TensorImpl& from, c10::TensorImpl& to);
+
+// A native alias of flagos tensor `t` for the duration of one call, from this
+// thread's pool. `made` receives the alias's StorageImpl as handed out.
+at::Tensor pooledAlias(const at::Tensor& t, c10::Device native, const c10::StorageImpl** made);
+// Back to the pool once the call is over, if nothing else holds it (a kernel
+// that kept a reference, or re-pointed its storage, leaves it to refcounting).
+void recycleAlias(at::Tensor&& alias, const c10::StorageImpl* made);
+
+// Turns a tensor a native kernel just made into a flagos one without a new
+// TensorImpl, when this is the only reference to it and to its storage.
+// Returns false (and changes nothing) otherwise.
+bool relabelIfSoleOwner(at::Tensor& t, c10::DeviceIndex index);
+
+} // namespace flagos::detail

@@ -1,0 +1,101 @@
+#include "core/RelabelCall.h"
+
+#include "core/Alias.h"
+
+namespace flagos::detail {
+
+void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, const c10::Argument& arg) {
+  TORCH_CHECK(
+      false, "Expected all tensors to be on the same device, but found at least two devices, ", a, " and ", b,
+      "! (when checking argument for argument ", arg.name(), " in method ", op.operator_name(), ")");
+}
+
+CallState::~CallState() {
+  for (Alias& a : aliases) {
+    recycleAlias(std::move(a.native), a.native_storage);
+  }
+}
+
+at::Tensor CallState::toAlias(const at::Tensor& t, const c10::Argument& arg, bool in_list) {
+  if (!t.defined()) {
+    return t;
+  }
+  if (t.device().type() != c10::DeviceType::PrivateUse1) {
+    foreign_storages.push_back(t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr);
+    const bool scalar = t.dim() == 0 && t.device().is_cpu();
+    if (!scalar && (!in_list || info.exact_device) && !foreign) {
+      foreign.emplace(t.device(), &arg);
+    }
+    return t;
+  }
+  noteDevice(t.device(), arg);
+  const c10::StorageImpl* made = nullptr;
+  at::Tensor alias = pooledAlias(t, rt.nativeDevice(t.device().index()), &made);
+  aliases.push_back(Alias{alias, t, made});
+  return alias;
+}
+
+void CallState::writeBack(const Alias& a, c10::DeviceIndex index) {
+  c10::TensorImpl* orig = a.original.unsafeGetTensorImpl();
+  const c10::TensorImpl* native = a.native.unsafeGetTensorImpl();
+  const c10::Storage& native_storage = native->storage();
+  c10::StorageImpl* orig_storage = orig->storage().unsafeGetStorageImpl();
+  if (auto flagos = aliasedFlagosStorage(native_storage)) {
+    if (flagos->unsafeGetStorageImpl() != orig_storage) {
+      orig->set_storage_keep_dtype(*flagos); // set_ onto another flagos tensor
+    }
+  } else if (native_storage.unsafeGetStorageImpl() == a.native_storage) {
+    // Resized in place: the flagos storage takes the new memory, so every
+    // flagos view of it sees the change, as with a native resize.
+    c10::StorageImpl* impl = native_storage.unsafeGetStorageImpl();
+    c10::DataPtr ptr = std::move(impl->mutable_data_ptr());
+    ptr.unsafe_set_device(c10::Device(c10::DeviceType::PrivateUse1, index));
+    orig_storage->set_data_ptr_noswap(std::move(ptr));
+    orig_storage->set_nbytes(impl->nbytes());
+  } else {
+    orig->set_storage_keep_dtype(
+        flagosStorageFor(native_storage, index, isFresh(native_storage.unsafeGetStorageImpl())));
+  }
+  if (native->sizes() != orig->sizes() || native->strides() != orig->strides() ||
+      native->storage_offset() != orig->storage_offset()) {
+    orig->set_sizes_and_strides(native->sizes(), native->strides(), native->storage_offset());
+  }
+}
+
+bool CallState::isFresh(const c10::StorageImpl* storage) const {
+  for (const auto* s : foreign_storages) {
+    if (s == storage) {
+      return false;
+    }
+  }
+  return true;
+}
+
+at::Tensor CallState::fromNative(at::Tensor t, c10::DeviceIndex index) {
+  if (!t.defined() || t.device().type() == c10::DeviceType::PrivateUse1) {
+    return t;
+  }
+  for (const Alias& a : aliases) {
+    if (a.native.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+      return a.original; // in-place and out= ops hand back their argument
+    }
+  }
+  TORCH_CHECK(
+      t.layout() == c10::kStrided && t.has_storage(), "flagos: ", op.operator_name(), " returned a ", t.layout(),
+      " tensor; flagos tensors are strided");
+  const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  for (const Alias& a : aliases) {
+    if (a.native_storage == storage) {
+      return flagosTensorOver(a.original.storage(), t); // a view of an input
+    }
+  }
+  if (auto flagos = aliasedFlagosStorage(t.storage())) {
+    return flagosTensorOver(*flagos, t);
+  }
+  if (relabelIfSoleOwner(t, index)) {
+    return t; // made by this kernel and seen by nobody else
+  }
+  return flagosTensorOver(flagosStorageFor(t.storage(), index, isFresh(storage)), t);
+}
+
+} // namespace flagos::detail

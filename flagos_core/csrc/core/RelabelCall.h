@@ -1,0 +1,86 @@
+#pragma once
+
+// One relabelled call's bookkeeping (internal to the core), shared by the
+// boxed path (Relabel.cpp) and the typed kernels (TypedKernel.h): which
+// native aliases stand for which flagos tensors, which device the call is on,
+// and how results come back as flagos tensors.
+
+#include <flagos/Provider.h>
+#include <flagos/Runtime.h>
+
+#include <c10/util/SmallVector.h>
+
+#include <optional>
+#include <utility>
+
+namespace flagos {
+
+namespace detail {
+
+struct Alias {
+  at::Tensor native;
+  at::Tensor original;
+  const c10::StorageImpl* native_storage; // as made, before the kernel ran
+};
+
+[[noreturn]] void mixedDevices(
+    const c10::Device& a,
+    const c10::Device& b,
+    const c10::OperatorHandle& op,
+    const c10::Argument& arg);
+
+struct CallState {
+  const c10::OperatorHandle& op;
+  const OpSlotInfo& info;
+  DeviceRuntime& rt;
+  std::optional<c10::Device> device; // the flagos device of the call
+  std::optional<std::pair<c10::Device, const c10::Argument*>> foreign; // first non-flagos tensor
+  c10::SmallVector<Alias, 4> aliases;
+  c10::SmallVector<const c10::StorageImpl*, 4> foreign_storages;
+
+  CallState(const c10::OperatorHandle& op, const OpSlotInfo& info, DeviceRuntime& rt) : op(op), info(info), rt(rt) {}
+  CallState(const CallState&) = delete;
+  CallState& operator=(const CallState&) = delete;
+  ~CallState(); // aliases back to the pool
+
+  void noteDevice(const c10::Device& d, const c10::Argument& arg) {
+    if (!device) {
+      device = d;
+    } else if (*device != d) {
+      mixedDevices(*device, d, op, arg);
+    }
+  }
+
+  // The native alias to pass for argument `arg` (a non-flagos tensor as it
+  // is). In a list (indices and the like), CPU tensors are allowed unless the
+  // op demands one device, as with the native backends.
+  at::Tensor toAlias(const at::Tensor& t, const c10::Argument& arg, bool in_list);
+
+  // After the arguments: raises for a flagos/other-device mix; the device
+  // index the call runs on.
+  c10::DeviceIndex settleDevice() {
+    if (foreign && device) {
+      mixedDevices(*device, foreign->first, op, *foreign->second);
+    }
+    return device ? device->index() : rt.getDevice().index();
+  }
+
+  // For written arguments (in-place, out=): carry a resize or re-pointing
+  // of an alias over to its flagos tensor.
+  void writeBackAll(c10::DeviceIndex index) {
+    for (const Alias& a : aliases) {
+      writeBack(a, index);
+    }
+  }
+
+  // A native result as a flagos tensor: the argument it is, a view of an
+  // argument's storage, or fresh memory relabelled.
+  at::Tensor fromNative(at::Tensor t, c10::DeviceIndex index);
+
+ private:
+  void writeBack(const Alias& a, c10::DeviceIndex index);
+  bool isFresh(const c10::StorageImpl* storage) const;
+};
+
+} // namespace detail
+} // namespace flagos

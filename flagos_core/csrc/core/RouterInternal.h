@@ -1,0 +1,25 @@
+#pragma once
+
+// The router's per-call entry, for the kernels registered per overload (the
+// boxed slot kernels in Router.cpp and the generated typed kernels).
+
+#include <flagos/Provider.h>
+
+namespace flagos::detail {
+
+struct SlotCall {
+  KernelProvider* provider;
+  const c10::OperatorHandle* op;
+  OpSlotInfo info;
+};
+
+// The provider serving slot `index` (resolving it on first use), with the
+// call counted for trace() and logged under FLAGOS_LOG_DISPATCH.
+SlotCall enterSlot(size_t index);
+
+// A boxed kernel that hands a call on slot `index` to its provider without
+// counting it again (typed kernels use it for providers that are not relabel
+// providers).
+c10::BoxedKernel providerBoxedKernel(size_t index);
+
+} // namespace flagos::detail

@@ -1,0 +1,238 @@
+#pragma once
+
+// Typed (unboxed) router kernels, instantiated by the generated
+// TypedKernels*.cpp for hot overloads. Same steps as RelabelProvider::call
+// (Relabel.cpp), on the C++ arguments: no IValue stack, no boxing of lists.
+// Overloads with Generator, Device, Stream or Storage arguments stay boxed
+// (the generator filters them out).
+
+#include "core/RelabelCall.h"
+#include "core/RouterInternal.h"
+
+#include <flagos/Relabel.h>
+
+#include <ATen/core/boxing/KernelFunction.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace flagos::typed {
+
+using detail::CallState;
+
+// How one argument type crosses to the native device. Plain values pass as
+// they are (a reference stays a reference).
+template <class T>
+struct Arg {
+  static_assert(
+      !std::is_same_v<std::decay_t<T>, at::Generator> && !std::is_same_v<std::decay_t<T>, std::optional<at::Generator>> &&
+          !std::is_same_v<std::decay_t<T>, c10::Device> && !std::is_same_v<std::decay_t<T>, std::optional<c10::Device>> &&
+          !std::is_same_v<std::decay_t<T>, c10::Stream> && !std::is_same_v<std::decay_t<T>, c10::Storage>,
+      "flagos: this argument type needs the boxed path");
+  using Held = T;
+  static T convert(CallState&, T v, const c10::Argument&) {
+    return static_cast<T>(v);
+  }
+  static T pass(Held& h) {
+    return static_cast<T>(h);
+  }
+};
+
+template <>
+struct Arg<const at::Tensor&> {
+  using Held = at::Tensor;
+  static at::Tensor convert(CallState& s, const at::Tensor& t, const c10::Argument& a) {
+    return s.toAlias(t, a, false);
+  }
+  static const at::Tensor& pass(Held& h) {
+    return h;
+  }
+};
+
+template <>
+struct Arg<at::Tensor&> {
+  using Held = at::Tensor;
+  static at::Tensor convert(CallState& s, const at::Tensor& t, const c10::Argument& a) {
+    return s.toAlias(t, a, false);
+  }
+  static at::Tensor& pass(Held& h) {
+    return h;
+  }
+};
+
+template <>
+struct Arg<const std::optional<at::Tensor>&> {
+  using Held = std::optional<at::Tensor>;
+  static Held convert(CallState& s, const std::optional<at::Tensor>& t, const c10::Argument& a) {
+    return t.has_value() ? Held(s.toAlias(*t, a, false)) : std::nullopt;
+  }
+  static const Held& pass(Held& h) {
+    return h;
+  }
+};
+
+template <class List>
+std::vector<at::Tensor> aliasesOf(CallState& s, const List& list, const c10::Argument& a) {
+  std::vector<at::Tensor> out;
+  out.reserve(list.size());
+  for (const at::Tensor& t : list) {
+    out.push_back(s.toAlias(t, a, true));
+  }
+  return out;
+}
+
+template <>
+struct Arg<at::TensorList> {
+  using Held = std::vector<at::Tensor>;
+  static Held convert(CallState& s, at::TensorList list, const c10::Argument& a) {
+    return aliasesOf(s, list, a);
+  }
+  static at::TensorList pass(Held& h) {
+    return h;
+  }
+};
+
+template <>
+struct Arg<const at::ITensorListRef&> {
+  using Held = std::vector<at::Tensor>;
+  static Held convert(CallState& s, const at::ITensorListRef& list, const c10::Argument& a) {
+    return aliasesOf(s, list, a);
+  }
+  static at::ITensorListRef pass(Held& h) {
+    return at::ITensorListRef(at::TensorList(h));
+  }
+};
+
+template <>
+struct Arg<const c10::List<std::optional<at::Tensor>>&> {
+  using Held = c10::List<std::optional<at::Tensor>>;
+  static Held convert(CallState& s, const c10::List<std::optional<at::Tensor>>& list, const c10::Argument& a) {
+    Held out;
+    out.reserve(list.size());
+    for (const std::optional<at::Tensor>& t : list) {
+      out.push_back(t.has_value() ? std::optional<at::Tensor>(s.toAlias(*t, a, true)) : std::nullopt);
+    }
+    return out;
+  }
+  static const Held& pass(Held& h) {
+    return h;
+  }
+};
+
+// How a native result comes back. Non-tensor values as they are.
+template <class R>
+struct Ret {
+  static R convert(CallState&, R&& r, c10::DeviceIndex) {
+    return std::move(r);
+  }
+};
+
+template <>
+struct Ret<at::Tensor> {
+  static at::Tensor convert(CallState& s, at::Tensor&& r, c10::DeviceIndex index) {
+    return s.fromNative(std::move(r), index);
+  }
+};
+
+template <>
+struct Ret<std::vector<at::Tensor>> {
+  static std::vector<at::Tensor> convert(CallState& s, std::vector<at::Tensor>&& r, c10::DeviceIndex index) {
+    for (at::Tensor& t : r) {
+      t = s.fromNative(std::move(t), index);
+    }
+    return std::move(r);
+  }
+};
+
+template <class... T>
+struct Ret<std::tuple<T...>> {
+  static std::tuple<T...> convert(CallState& s, std::tuple<T...>&& r, c10::DeviceIndex index) {
+    return std::apply(
+        [&](auto&&... e) { return std::tuple<T...>(Ret<T>::convert(s, std::move(e), index)...); }, std::move(r));
+  }
+};
+
+template <class Op, class Sig = typename Op::schema>
+struct Kernel;
+
+template <class Op, class R, class... A>
+struct Kernel<Op, R(A...)> {
+  // Constant-initialised, so set before registration reads them whatever the
+  // order of static initialisation.
+  static inline size_t slot = 0;
+  static inline const c10::BoxedKernel* boxed = nullptr;
+
+  static R call(c10::DispatchKeySet keys, A... args) {
+    const detail::SlotCall sc = detail::enterSlot(slot);
+    RelabelProvider* provider = sc.provider->relabel();
+    if (C10_UNLIKELY(provider == nullptr)) { // a conf routed it elsewhere
+      return c10::impl::BoxedKernelWrapper<R(A...)>::call(*boxed, *sc.op, keys, std::forward<A>(args)...);
+    }
+    DeviceRuntime& rt = activeRuntime();
+    if (sc.info.metadata_only) {
+      return Op::redispatch(c10::DispatchKeySet(rt.nativeDispatchKey()), std::forward<A>(args)...);
+    }
+    CallState state(*sc.op, sc.info, rt);
+    return run(state, *provider, std::index_sequence_for<A...>{}, std::forward<A>(args)...);
+  }
+
+ private:
+  template <size_t... I>
+  static R run(CallState& state, RelabelProvider& provider, std::index_sequence<I...>, A... args) {
+    const auto& schema_args = state.op.schema().arguments();
+    // Braced initialisation: arguments convert left to right, as in the schema.
+    std::tuple<typename Arg<A>::Held...> held{Arg<A>::convert(state, args, schema_args[I])...};
+    const c10::DeviceIndex index = state.settleDevice();
+    c10::OptionalDeviceGuard guard;
+    if (state.device && state.device->index() != state.rt.getDevice().index()) {
+      guard.reset_device(*state.device);
+    }
+    const c10::DispatchKeySet native_keys(state.rt.nativeDispatchKey());
+    if constexpr (std::is_void_v<R>) {
+      {
+        NativeScope scope(provider, index);
+        Op::redispatch(native_keys, Arg<A>::pass(std::get<I>(held))...);
+      }
+      if (state.info.writes) {
+        state.writeBackAll(index);
+      }
+    } else if constexpr (std::is_same_v<R, at::Tensor&>) {
+      {
+        NativeScope scope(provider, index);
+        Op::redispatch(native_keys, Arg<A>::pass(std::get<I>(held))...);
+      }
+      state.writeBackAll(index);
+      // As PyTorch's own wrappers: in-place ops return their first
+      // argument, out= ops their last.
+      auto all = std::forward_as_tuple(args...);
+      if constexpr (std::is_same_v<std::tuple_element_t<0, std::tuple<A...>>, at::Tensor&>) {
+        return std::get<0>(all);
+      } else {
+        return std::get<sizeof...(A) - 1>(all);
+      }
+    } else {
+      R out = [&] {
+        NativeScope scope(provider, index);
+        return Op::redispatch(native_keys, Arg<A>::pass(std::get<I>(held))...);
+      }();
+      if (state.info.writes) {
+        state.writeBackAll(index);
+      }
+      return Ret<R>::convert(state, std::move(out), index);
+    }
+  }
+};
+
+// Registers the typed kernel of `Op` for routing slot `slot`.
+template <class Op>
+void registerTyped(torch::Library& m, const char* overload, size_t slot) {
+  Kernel<Op>::slot = slot;
+  Kernel<Op>::boxed = new c10::BoxedKernel(detail::providerBoxedKernel(slot)); // lives as long as the registration
+  m.impl(overload, torch::CppFunction::makeFromUnboxedFunction(TORCH_FN(Kernel<Op>::call)));
+}
+
+} // namespace flagos::typed
