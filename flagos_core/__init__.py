@@ -35,6 +35,8 @@ _BACKEND = "flagos"
 
 def _setup():
     global _PLUGINS
+    if _os.environ.get("FLAGOS_NATIVE_BACKTRACE", "0") == "1":
+        _C._install_crash_backtrace()  # native stack of a crash, on stderr
     _PLUGINS = _plugins.Plugins()
     _PLUGINS.discover()
     if not _C._has_runtime():

@@ -143,3 +143,15 @@ def test_threads_share_tensors_on_gpu():
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_jiterator_kernels_take_flagos_tensors():
+    code = "template <typename T> T scaled_sum(T x, T y, T alpha) { return alpha * x + y; }"
+    fn = torch.cuda.jiterator._create_jit_fn(code, alpha=1.0)
+    a, fa = _pair(lambda d: torch.randn(1000, device=d))
+    b, fb = _pair(lambda d: torch.randn(1000, device=d))
+    got = fn(fa, fb, alpha=3.0)
+    assert got.device.type == "flagos"
+    assert torch.equal(got.cpu(), fn(a, b, alpha=3.0).cpu())
+    with pytest.raises(RuntimeError, match="same device"):
+        fn(fa, b)

@@ -4,6 +4,7 @@
 #include <flagos/Runtime.h>
 
 #include "host/HostRuntime.h"
+#include "python/CrashBacktrace.h"
 #include "python/PythonProvider.h"
 #include <flagos/Relabel.h>
 
@@ -47,6 +48,7 @@ py::dict statsDict(c10::DeviceIndex index) {
 PYBIND11_MODULE(_C, m) {
   using namespace flagos;
   m.doc() = "flagos core bindings";
+  m.def("_install_crash_backtrace", &installCrashBacktrace);
   // Our own translation of c10::Error, so errors from these bindings do not
   // depend on torch's translator being visible across pybind11 builds.
   py::register_local_exception_translator([](std::exception_ptr error) {

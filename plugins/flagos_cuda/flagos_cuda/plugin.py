@@ -70,8 +70,9 @@ def flagos_confs():
 def flagos_extend_device_module(module, runtime):
     if runtime != "cuda":
         return
-    from . import graphs
+    from . import graphs, jiterator
 
+    jiterator.install()
     module.CUDAGraph = graphs.CUDAGraph
     module.graph = graphs.graph
     module.graph_pool_handle = graphs.graph_pool_handle
