@@ -35,8 +35,9 @@ _BACKEND = "flagos"
 
 def _setup():
     global _PLUGINS
-    if _os.environ.get("FLAGOS_NATIVE_BACKTRACE", "0") == "1":
-        _C._install_crash_backtrace()  # native stack of a crash, on stderr
+    backtrace = _os.environ.get("FLAGOS_NATIVE_BACKTRACE", "0")
+    if backtrace != "0":  # native stack of a crash: "1" on stderr, else the file named
+        _C._install_crash_backtrace("" if backtrace == "1" else backtrace)
     _PLUGINS = _plugins.Plugins()
     _PLUGINS.discover()
     if not _C._has_runtime():

@@ -9,6 +9,8 @@
 #include <flagos/Relabel.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <flagos/Router.h>
 
 #include <c10/core/CPUAllocator.h>
@@ -96,8 +98,11 @@ class HostRuntime final : public DeviceRuntime {
   c10::Allocator* pinnedAllocator() override {
     return &pinned_;
   }
+  // On a torch built with CUDA and a GPU present, torch takes pinned memory
+  // from CUDA's allocator whatever the accelerator (torch 2.11 does), so
+  // that memory counts as pinned too.
   bool isPinnedPtr(const void* ptr) override {
-    return pinned_.isPinned(ptr);
+    return pinned_.isPinned(ptr) || (at::globalContext().hasCUDA() && at::detail::getCUDAHooks().isPinnedPtr(ptr));
   }
   const at::Generator& defaultGenerator(c10::DeviceIndex index) override {
     checkIndex(index);

@@ -1,6 +1,8 @@
 #pragma once
 
+#include <string>
+
 namespace flagos {
-// Native stack on fatal signals (FLAGOS_NATIVE_BACKTRACE=1; CrashBacktrace.cpp).
-void installCrashBacktrace();
+// Native stack on fatal signals, to `path` or stderr if empty (CrashBacktrace.cpp).
+void installCrashBacktrace(const std::string& path);
 } // namespace flagos
