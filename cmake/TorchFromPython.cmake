@@ -11,7 +11,13 @@ print(os.path.join(root, 'include', 'torch', 'csrc', 'api', 'include'))
 print(os.path.join(root, 'lib'))
 print(int(torch._C._GLIBCXX_USE_CXX11_ABI))
 print(os.path.join(os.path.dirname(torchgen.__file__), 'packaged', 'ATen', 'native', 'native_functions.yaml'))
-print(torch.__version__)"
+print(torch.__version__)
+# The libstdc++ this process runs with (torch's): linking it by path keeps a
+# toolchain that would fall back to the static libstdc++ from putting a second,
+# uninitialised copy of it into the core (seen as crashes formatting numbers
+# in error messages).
+maps = open('/proc/self/maps').read().split()
+print(next((p for p in maps if os.path.basename(p).startswith('libstdc++.so')), ''))"
   OUTPUT_VARIABLE _torch_info
   OUTPUT_STRIP_TRAILING_WHITESPACE
   RESULT_VARIABLE _torch_result)
@@ -25,13 +31,19 @@ list(GET _torch_info 2 TORCH_LIB_DIR)
 list(GET _torch_info 3 TORCH_CXX11_ABI)
 list(GET _torch_info 4 TORCH_NATIVE_FUNCTIONS)
 list(GET _torch_info 5 TORCH_VERSION_STRING)
+list(LENGTH _torch_info _torch_info_length)
+set(TORCH_LIBSTDCXX "")
+if(_torch_info_length GREATER 6)
+  list(GET _torch_info 6 TORCH_LIBSTDCXX)
+endif()
 message(STATUS "flagos: building against torch ${TORCH_VERSION_STRING} (${TORCH_LIB_DIR})")
 
 add_library(torch_from_python INTERFACE)
 target_include_directories(torch_from_python INTERFACE ${TORCH_INCLUDE} ${TORCH_API_INCLUDE})
 target_compile_definitions(torch_from_python INTERFACE _GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI})
 target_link_directories(torch_from_python INTERFACE ${TORCH_LIB_DIR})
-target_link_libraries(torch_from_python INTERFACE c10 torch_cpu torch)
+target_link_libraries(torch_from_python INTERFACE c10 torch_cpu torch ${TORCH_LIBSTDCXX})
+message(STATUS "flagos: C++ runtime ${TORCH_LIBSTDCXX}")
 
 add_library(torch_python_from_python INTERFACE)
 target_link_libraries(torch_python_from_python INTERFACE torch_from_python torch_python)
