@@ -25,11 +25,13 @@ at::Tensor flagos(const at::Tensor& t, c10::DeviceIndex index) {
 
 void checkSupported(double dropout_p, const c10::IValue& attn_mask) {
   // The CPU-named overloads carry no RNG state from forward to backward, and
-  // CUDA's flash kernels take no mask.
+  // CUDA's flash kernels take no mask. Autograd hands backward a mask that
+  // was None in forward as an undefined tensor.
+  const bool no_mask = attn_mask.isNone() || (attn_mask.isTensor() && !attn_mask.toTensor().defined());
   TORCH_CHECK(
-      dropout_p == 0.0 && attn_mask.isNone(),
+      dropout_p == 0.0 && no_mask,
       "flagos-cuda: flash attention through flagos needs dropout_p == 0 and no attn_mask (got dropout_p=",
-      dropout_p, ", attn_mask ", attn_mask.isNone() ? "none" : "given",
+      dropout_p, ", attn_mask ", no_mask ? "none" : "given",
       "); choose another SDPA backend with torch.nn.attention.sdpa_kernel");
 }
 
