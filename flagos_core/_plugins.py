@@ -3,6 +3,7 @@ checks, and the choice of the process's runtime."""
 
 import dataclasses
 import os
+import warnings
 from importlib import metadata
 from typing import List, Optional
 
@@ -22,6 +23,7 @@ class PluginStatus:
     loaded: bool
     reason: str = ""  # why it was refused, when it was
     runtime: Optional[str] = None  # the runtime it provides, if active
+    problems: List[str] = dataclasses.field(default_factory=list)  # runtime/provider set-up that failed
 
     def as_dict(self):
         return dataclasses.asdict(self)
@@ -94,6 +96,8 @@ class Plugins:
         return found
 
     def choose_runtime(self):
+        """The runtimes to try, best first: the one FLAGOS_RUNTIME names, or
+        every available one by priority."""
         candidates = self.runtimes()
         wanted = os.environ.get(RUNTIME_ENV)
         if wanted:
@@ -104,23 +108,48 @@ class Plugins:
             plugin, spec = named[0]
             if not spec.is_available():
                 raise PluginError(f"{RUNTIME_ENV}={wanted}: the {wanted} runtime's hardware is not available here")
-            return plugin, spec
+            return [(plugin, spec)]
         available = [(p, s) for p, s in candidates if s.is_available()]
-        return max(available, key=lambda ps: ps[1].priority)
+        return sorted(available, key=lambda ps: -ps[1].priority)
+
+    def _problem(self, plugin, what, error):
+        status = self.owner[plugin]
+        message = f"{what} failed: {type(error).__name__}: {error}"
+        status.problems.append(message)
+        warnings.warn(f"flagos: plugin {status.name} {status.version}: {message}", RuntimeWarning, stacklevel=3)
 
     def activate(self):
-        plugin, spec = self.choose_runtime()
-        spec.activate()
-        self.owner[plugin].runtime = spec.name
-        for _, providers in self._impls("flagos_providers"):
+        """Activates the best runtime; one whose activation raises is skipped
+        (with a warning, and in plugins()) for the next, unless FLAGOS_RUNTIME
+        asked for it. A provider whose registration raises is skipped, and so
+        are its plugin's routing confs, which may name it."""
+        explicit = bool(os.environ.get(RUNTIME_ENV))
+        for plugin, spec in self.choose_runtime():
+            try:
+                spec.activate()
+            except Exception as error:
+                if explicit:
+                    raise PluginError(f"{RUNTIME_ENV}={spec.name}: activating it failed: "
+                                      f"{type(error).__name__}: {error}") from error
+                self._problem(plugin, f"activating the {spec.name} runtime", error)
+                continue
+            self.owner[plugin].runtime = spec.name
+            break
+        for plugin, providers in self._impls("flagos_providers"):
             for provider in providers or []:
-                provider.register()
+                try:
+                    provider.register()
+                except Exception as error:
+                    self._problem(plugin, f"registering the {provider.name} provider", error)
 
     def confs(self):
         """(plugin name, path) of every conf shipped by a loaded plugin."""
         out = []
         for plugin, paths in self._impls("flagos_confs"):
-            out += [(self.owner[plugin].name, path) for path in paths or []]
+            status = self.owner[plugin]
+            if any(p.startswith("registering") for p in status.problems):
+                continue  # its routes may name the provider that is missing
+            out += [(status.name, path) for path in paths or []]
         return out
 
 

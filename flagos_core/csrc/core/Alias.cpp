@@ -18,6 +18,15 @@ c10::DataPtr aliasDataPtr(c10::StorageImpl* flagos, c10::Device native) {
   return c10::DataPtr(flagos->mutable_data_ptr().get(), flagos, &releaseFlagosStorage, native);
 }
 
+// A pooled alias borrows the flagos storage for the call (the caller holds
+// the flagos tensor meanwhile): no reference taken. Should a kernel keep the
+// alias beyond the call, recycleAlias turns this into an owning DataPtr.
+void borrowedFlagosStorage(void*) {}
+
+c10::DataPtr borrowedDataPtr(c10::StorageImpl* flagos, c10::Device native) {
+  return c10::DataPtr(flagos->mutable_data_ptr().get(), flagos, &borrowedFlagosStorage, native);
+}
+
 // Owns a native storage on behalf of a flagos DataPtr over the same memory.
 struct ForeignStorageRef {
   c10::Storage storage;
@@ -80,7 +89,7 @@ c10::Storage nativeStorageFor(c10::StorageImpl* flagos, c10::Device native) {
 
 std::optional<c10::Storage> aliasedFlagosStorage(const c10::Storage& native) {
   const c10::DataPtr& ptr = native.unsafeGetStorageImpl()->data_ptr();
-  if (ptr.get_deleter() != &releaseFlagosStorage) {
+  if (ptr.get_deleter() != &releaseFlagosStorage && ptr.get_deleter() != &borrowedFlagosStorage) {
     return std::nullopt;
   }
   auto* flagos = static_cast<c10::StorageImpl*>(ptr.get_context());
@@ -130,7 +139,7 @@ at::Tensor pooledAlias(const at::Tensor& t, c10::Device native, const c10::Stora
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
   c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
   c10::StorageImpl* flagos = t.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(aliasDataPtr(flagos, native));
+  storage->set_data_ptr_noswap(borrowedDataPtr(flagos, native));
   storage->set_nbytes(flagos->sym_nbytes());
   storage->set_resizable(flagos->resizable());
   if (impl->dtype() != t.dtype()) {
@@ -159,11 +168,20 @@ void recycleAlias(at::Tensor&& alias, const c10::StorageImpl* made) {
   }
   c10::intrusive_ptr<c10::TensorImpl> impl = std::move(alias).unsafeReleaseIntrusivePtr();
   const c10::Storage& storage = impl->storage();
-  if (impl.use_count() != 1 || impl.weak_use_count() != 1 || storage.unsafeGetStorageImpl() != made ||
-      storage.use_count() != 1 || !impl->allow_tensor_metadata_change()) {
-    return; // someone kept it: refcounting frees it
-  }
   c10::StorageImpl* s = storage.unsafeGetStorageImpl();
+  if (s != made) {
+    return; // re-pointed by the kernel (set_): refcounting frees it
+  }
+  if (impl.use_count() != 1 || impl.weak_use_count() != 1 || storage.use_count() != 1 ||
+      !impl->allow_tensor_metadata_change()) {
+    // Kept beyond the call: from here on it owns a reference on the flagos
+    // storage, which the caller's tensor keeps alive until now.
+    c10::DataPtr& ptr = s->mutable_data_ptr();
+    if (ptr.get_deleter() == &borrowedFlagosStorage) {
+      s->set_data_ptr_noswap(aliasDataPtr(static_cast<c10::StorageImpl*>(ptr.get_context()), ptr.device()));
+    }
+    return; // refcounting frees it
+  }
   const c10::Device native = s->data_ptr().device();
   s->set_data_ptr_noswap(c10::DataPtr(nullptr, native)); // drops the flagos storage
   s->set_nbytes(0);
