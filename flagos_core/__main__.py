@@ -67,6 +67,7 @@ def _plugin_text(plugin):
     parts.append("loaded" if plugin.get("loaded") else f"refused: {plugin.get('reason') or 'unknown reason'}")
     if plugin.get("runtime"):
         parts.append(f"runtime {plugin['runtime']}")
+    parts += plugin.get("problems") or []
     return ", ".join(parts)
 
 

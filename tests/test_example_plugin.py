@@ -143,7 +143,7 @@ def test_installed_plugin_is_discovered_and_loaded():
                           "layers": [flagos_core.route_layer(op) for op in ("add.Tensor", "mul.Tensor", "neg")]}))
         """)
     example = by_name(out["plugins"])["flagos-example"]
-    assert example == {"name": "flagos-example", "version": VERSION, "loaded": True, "reason": "", "runtime": None}
+    assert example == {"name": "flagos-example", "version": VERSION, "loaded": True, "reason": "", "runtime": None, "problems": []}
     assert {"example_cpp", "example_py"} <= set(out["providers"])
     assert out["runtime"] == "host"
     # the installed copy, built for this core and this torch

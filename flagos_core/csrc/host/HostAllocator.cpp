@@ -109,6 +109,7 @@ HostCachingAllocator::HostCachingAllocator(
     c10::DeviceIndex devices,
     std::function<c10::DeviceIndex()> current_device)
     : current_device_(std::move(current_device)) {
+  TORCH_INTERNAL_ASSERT(g_allocator == nullptr, "flagos: one host allocator per process");
   g_allocator = this;
   for (c10::DeviceIndex i = 0; i < devices; ++i) {
     pools_.push_back(std::make_unique<Pool>());

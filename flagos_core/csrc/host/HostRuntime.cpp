@@ -244,6 +244,11 @@ class HostProvider final : public RelabelProvider {
 
 void activateHostRuntime(c10::DeviceIndex devices) {
   TORCH_CHECK(devices >= 1 && devices <= 64, "flagos: FLAGOS_HOST_DEVICES must be between 1 and 64, got ", static_cast<int>(devices));
+  if (hasActiveRuntime()) { // a process has one runtime: activating it again changes nothing
+    const std::string active = activeRuntime().name();
+    TORCH_CHECK(active == "host", "flagos: the ", active, " runtime is already active; a process has one runtime");
+    return;
+  }
   auto runtime = std::make_shared<HostRuntime>(devices);
   static RedirectingCpuAllocator* redirect = nullptr;
   if (redirect == nullptr) {
