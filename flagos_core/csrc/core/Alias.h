@@ -25,10 +25,12 @@ c10::DispatchKeySet keysFor(c10::Device device);
 void copyGeometry(const c10::TensorImpl& from, c10::TensorImpl& to);
 
 // A native alias of flagos tensor `t` for the duration of one call, from this
-// thread's pool. `made` receives the alias's StorageImpl as handed out.
+// thread's pool. It borrows t's storage (no reference taken): the caller's
+// tensor outlives the call. `made` receives the alias's StorageImpl.
 at::Tensor pooledAlias(const at::Tensor& t, c10::Device native, const c10::StorageImpl** made);
-// Back to the pool once the call is over, if nothing else holds it (a kernel
-// that kept a reference, or re-pointed its storage, leaves it to refcounting).
+// Back to the pool once the call is over, if nothing else holds it. One that a
+// kernel kept takes an owning reference on the flagos storage and is left to
+// refcounting; one whose storage the kernel re-pointed is left as it is.
 void recycleAlias(at::Tensor&& alias, const c10::StorageImpl* made);
 
 // Turns a tensor a native kernel just made into a flagos one without a new
