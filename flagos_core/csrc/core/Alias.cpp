@@ -118,7 +118,12 @@ c10::DispatchKeySet keysFor(c10::Device device) {
 }
 
 void copyGeometry(const c10::TensorImpl& from, c10::TensorImpl& to) {
-  to.set_sizes_and_strides(from.sizes(), from.strides(), from.storage_offset());
+  // A pooled alias often has the geometry already (the pool is last-in
+  // first-out); setting it again would recompute contiguity for nothing.
+  if (from.sizes() != to.sizes() || from.strides() != to.strides() ||
+      from.storage_offset() != to.storage_offset()) {
+    to.set_sizes_and_strides(from.sizes(), from.strides(), from.storage_offset());
+  }
   if (from.is_conj() != to.is_conj()) {
     to._set_conj(from.is_conj());
   }
@@ -145,19 +150,7 @@ at::Tensor pooledAlias(const at::Tensor& t, c10::Device native, const c10::Stora
   if (impl->dtype() != t.dtype()) {
     impl->set_storage_and_dtype(impl->storage(), t.dtype()); // same storage; new dtype
   }
-  // The pool is last-in first-out, so a loop's alias often has the geometry
-  // already; setting it again would recompute contiguity for nothing.
-  const c10::TensorImpl* src = t.unsafeGetTensorImpl();
-  if (src->sizes() != impl->sizes() || src->strides() != impl->strides() ||
-      src->storage_offset() != impl->storage_offset()) {
-    impl->set_sizes_and_strides(src->sizes(), src->strides(), src->storage_offset());
-  }
-  if (src->is_conj() != impl->is_conj()) {
-    impl->_set_conj(src->is_conj());
-  }
-  if (src->is_neg() != impl->is_neg()) {
-    impl->_set_neg(src->is_neg());
-  }
+  copyGeometry(*t.unsafeGetTensorImpl(), *impl);
   *made = storage;
   return alias;
 }

@@ -113,15 +113,11 @@ void RelabelProvider::call(
     state.noteDevice(d, args[i]);
     (*stack)[first + i] = rt.nativeDevice(d.index());
   }
-  const c10::DeviceIndex index = state.settleDevice();
+  c10::OptionalDeviceGuard guard;
+  const c10::DeviceIndex index = state.settleDevice(guard);
   for (size_t i : generator_args) {
     c10::IValue& v = (*stack)[first + i];
     v = rt.nativeGenerator(v.isGenerator() ? v.toGenerator() : rt.defaultGenerator(index));
-  }
-
-  c10::OptionalDeviceGuard guard;
-  if (state.device && state.device->index() != rt.getDevice().index()) {
-    guard.reset_device(*state.device);
   }
   {
     NativeScope scope(*this, index);

@@ -8,6 +8,7 @@
 #include <flagos/Provider.h>
 #include <flagos/Runtime.h>
 
+#include <c10/core/DeviceGuard.h>
 #include <c10/util/SmallVector.h>
 
 #include <optional>
@@ -56,13 +57,18 @@ struct CallState {
   // op demands one device, as with the native backends.
   at::Tensor toAlias(const at::Tensor& t, const c10::Argument& arg, bool in_list);
 
-  // After the arguments: raises for a flagos/other-device mix; the device
-  // index the call runs on.
-  c10::DeviceIndex settleDevice() {
+  // After the arguments: raises for a flagos/other-device mix, makes the
+  // call's device current through `guard` if it is not, and returns the
+  // device index the call runs on.
+  c10::DeviceIndex settleDevice(c10::OptionalDeviceGuard& guard) {
     if (foreign && device) {
       mixedDevices(*device, foreign->first, op, *foreign->second);
     }
-    return device ? device->index() : rt.getDevice().index();
+    const c10::DeviceIndex current = rt.getDevice().index();
+    if (device && device->index() != current) {
+      guard.reset_device(*device);
+    }
+    return device ? device->index() : current;
   }
 
   // For written arguments (in-place, out=): carry a resize or re-pointing

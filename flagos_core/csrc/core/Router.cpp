@@ -34,8 +34,7 @@ struct Slot {
   bool metadata_only = false;
   KernelProvider* explicit_provider = nullptr;
   std::string layer = "default";
-  // Set once, before `provider` is first published.
-  std::optional<c10::OperatorHandle> handle;
+  std::optional<c10::OperatorHandle> handle; // set by describe()
 };
 
 struct Router {
@@ -104,8 +103,12 @@ std::optional<c10::OperatorHandle> findHandle(const std::string& overload) {
   return c10::Dispatcher::singleton().findOp(name);
 }
 
-// What providers need to know of an overload's schema, read once.
+// What providers need to know of an overload's schema, read once, and its
+// handle (set before `provider` is first published).
 void describe(Slot& slot, const c10::OperatorHandle& op) {
+  if (!slot.handle) {
+    slot.handle = op;
+  }
   static const std::unordered_set<std::string> metadata_views = {
       "view", "view.dtype", "as_strided", "_reshape_alias", "unfold", "view_as_real", "view_as_complex"};
   slot.metadata_only = metadata_views.count(slot.name) != 0;
@@ -133,9 +136,6 @@ KernelProvider* resolve(size_t index, const c10::OperatorHandle& op) {
   }
   TORCH_CHECK(chosen != nullptr, "flagos: no provider can run ", slot.name, "; live providers: ", r.providerListLocked());
   describe(slot, op);
-  if (!slot.handle) {
-    slot.handle = op;
-  }
   slot.provider.store(chosen, std::memory_order_release);
   return chosen;
 }
@@ -144,12 +144,18 @@ OpSlotInfo infoOf(size_t index, const Slot& slot) {
   return OpSlotInfo{index, slot.exact_device, slot.writes, slot.takes_generator, slot.metadata_only};
 }
 
-void dispatchSlot(size_t index, const c10::OperatorHandle& op, c10::DispatchKeySet keys, Stack* stack) {
+// The provider of slot `index` for this call: resolved on first use,
+// counted for trace(), logged under FLAGOS_LOG_DISPATCH.
+KernelProvider* providerForCall(size_t index, const c10::OperatorHandle* op) {
   Router& r = router();
   Slot& slot = r.slots[index];
   KernelProvider* provider = slot.provider.load(std::memory_order_acquire);
   if (C10_UNLIKELY(provider == nullptr)) {
-    provider = resolve(index, op);
+    // Typed kernels pass no handle; look it up (first call only), since
+    // slot.handle may be being written by another thread's resolve().
+    auto handle = op != nullptr ? std::optional<c10::OperatorHandle>(*op) : findHandle(slot.name);
+    TORCH_CHECK(handle.has_value(), "flagos: the dispatcher does not know ", slot.name);
+    provider = resolve(index, *handle);
   }
   if (C10_UNLIKELY(r.trace_depth.load(std::memory_order_relaxed) > 0)) {
     r.counters[index * kMaxProviders + provider->index].fetch_add(1, std::memory_order_relaxed);
@@ -157,7 +163,12 @@ void dispatchSlot(size_t index, const c10::OperatorHandle& op, c10::DispatchKeyS
   if (C10_UNLIKELY(r.log_dispatch.load(std::memory_order_relaxed))) {
     std::fprintf(stderr, "flagos: %s -> %s\n", slot.name.c_str(), provider->name().c_str());
   }
-  provider->call(op, keys, stack, infoOf(index, slot));
+  return provider;
+}
+
+void dispatchSlot(size_t index, const c10::OperatorHandle& op, c10::DispatchKeySet keys, Stack* stack) {
+  KernelProvider* provider = providerForCall(index, &op);
+  provider->call(op, keys, stack, infoOf(index, router().slots[index]));
 }
 
 // The kernel registered for each generated overload: it carries its slot.
@@ -318,9 +329,6 @@ void setRoute(const std::string& overload, const std::string& provider_name, con
   slot.layer = layer;
   if (handle) {
     describe(slot, *handle);
-    if (!slot.handle) {
-      slot.handle = *handle;
-    }
     slot.provider.store(provider, std::memory_order_release);
   } else {
     slot.provider.store(nullptr, std::memory_order_release); // resolved, and described, on first call
@@ -412,20 +420,8 @@ std::map<std::pair<std::string, std::string>, uint64_t> traceEnd() {
 namespace detail {
 
 SlotCall enterSlot(size_t index) {
-  Router& r = router();
-  Slot& slot = r.slots[index];
-  KernelProvider* provider = slot.provider.load(std::memory_order_acquire);
-  if (C10_UNLIKELY(provider == nullptr)) {
-    auto handle = slot.handle ? slot.handle : findHandle(slot.name);
-    TORCH_CHECK(handle.has_value(), "flagos: the dispatcher does not know ", slot.name);
-    provider = resolve(index, *handle);
-  }
-  if (C10_UNLIKELY(r.trace_depth.load(std::memory_order_relaxed) > 0)) {
-    r.counters[index * kMaxProviders + provider->index].fetch_add(1, std::memory_order_relaxed);
-  }
-  if (C10_UNLIKELY(r.log_dispatch.load(std::memory_order_relaxed))) {
-    std::fprintf(stderr, "flagos: %s -> %s\n", slot.name.c_str(), provider->name().c_str());
-  }
+  KernelProvider* provider = providerForCall(index, nullptr);
+  const Slot& slot = router().slots[index];
   return SlotCall{provider, &*slot.handle, infoOf(index, slot)};
 }
 

@@ -186,39 +186,29 @@ struct Kernel<Op, R(A...)> {
     const auto& schema_args = state.op.schema().arguments();
     // Braced initialisation: arguments convert left to right, as in the schema.
     std::tuple<typename Arg<A>::Held...> held{Arg<A>::convert(state, args, schema_args[I])...};
-    const c10::DeviceIndex index = state.settleDevice();
     c10::OptionalDeviceGuard guard;
-    if (state.device && state.device->index() != state.rt.getDevice().index()) {
-      guard.reset_device(*state.device);
-    }
-    const c10::DispatchKeySet native_keys(state.rt.nativeDispatchKey());
-    if constexpr (std::is_void_v<R>) {
-      {
-        NativeScope scope(provider, index);
-        Op::redispatch(native_keys, Arg<A>::pass(std::get<I>(held))...);
-      }
-      if (state.info.writes) {
+    const c10::DeviceIndex index = state.settleDevice(guard);
+    auto native = [&]() -> decltype(auto) {
+      NativeScope scope(provider, index);
+      return Op::redispatch(c10::DispatchKeySet(state.rt.nativeDispatchKey()), Arg<A>::pass(std::get<I>(held))...);
+    };
+    if constexpr (std::is_void_v<R> || std::is_same_v<R, at::Tensor&>) {
+      native();
+      if (state.info.writes) { // always, for in-place and out= overloads
         state.writeBackAll(index);
       }
-    } else if constexpr (std::is_same_v<R, at::Tensor&>) {
-      {
-        NativeScope scope(provider, index);
-        Op::redispatch(native_keys, Arg<A>::pass(std::get<I>(held))...);
-      }
-      state.writeBackAll(index);
-      // As PyTorch's own wrappers: in-place ops return their first
-      // argument, out= ops their last.
-      auto all = std::forward_as_tuple(args...);
-      if constexpr (std::is_same_v<std::tuple_element_t<0, std::tuple<A...>>, at::Tensor&>) {
-        return std::get<0>(all);
-      } else {
-        return std::get<sizeof...(A) - 1>(all);
+      if constexpr (!std::is_void_v<R>) {
+        // As PyTorch's own wrappers: in-place ops return their first
+        // argument, out= ops their last.
+        auto all = std::forward_as_tuple(args...);
+        if constexpr (std::is_same_v<std::tuple_element_t<0, std::tuple<A...>>, at::Tensor&>) {
+          return std::get<0>(all);
+        } else {
+          return std::get<sizeof...(A) - 1>(all);
+        }
       }
     } else {
-      R out = [&] {
-        NativeScope scope(provider, index);
-        return Op::redispatch(native_keys, Arg<A>::pass(std::get<I>(held))...);
-      }();
+      R out = native();
       if (state.info.writes) {
         state.writeBackAll(index);
       }
