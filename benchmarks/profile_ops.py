@@ -1,17 +1,22 @@
 """Where flagos spends more host time than the native device, op by op.
 
-    python benchmarks/profile_ops.py [--model tiny|0.6b] [--tokens N] [--top K]
+    python benchmarks/profile_ops.py [--model tiny|0.6b] [--tokens N] [--top K] [--python]
 
 Greedy-decodes with a Qwen3 on the native device and on flagos (same model,
 same prompt, one process) under torch.profiler (CPU activity: the host side of
 every ATen call), and prints the ops whose total time grew most on flagos, per
 call and in all. Meant for the case where a whole model is slower than the
 per-op benchmark predicts: the top rows say which ops to look at.
+With --python it also compares Python functions' own time (cProfile), for
+gaps that lie between ATen calls (device checks, autocast, hooks).
 """
 
 import argparse
+import cProfile
 import os
+import pstats
 import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -30,11 +35,40 @@ def op_times(model, prompt, tokens, device):
     return {e.key: (e.count, e.self_cpu_time_total) for e in prof.key_averages()}
 
 
+def python_times(model, prompt, tokens, device):
+    """{function: (calls, own seconds)} over one greedy decode, and its wall seconds."""
+    qwen3_06b.greedy(model, prompt, 2, device)
+    start = time.perf_counter()
+    qwen3_06b.greedy(model, prompt, tokens, device)
+    wall = time.perf_counter() - start
+    prof = cProfile.Profile()
+    prof.enable()
+    qwen3_06b.greedy(model, prompt, tokens, device)
+    prof.disable()
+    stats = pstats.Stats(prof).stats
+    named = {f"{os.path.basename(f)}:{line}:{fn}": (v[1], v[2]) for (f, line, fn), v in stats.items()}
+    return named, wall
+
+
+def print_diff(times, native, top, unit, scale):
+    rows = []
+    for name in set(times[native]) | set(times["flagos"]):
+        n_calls, n_t = times[native].get(name, (0, 0.0))
+        f_calls, f_t = times["flagos"].get(name, (0, 0.0))
+        rows.append((f_t - n_t, name, n_calls, f_calls, n_t, f_t))
+    rows.sort(reverse=True)
+    print(f"{'name':60s} {'calls ' + native:>12s} {'calls flagos':>12s} {native + ' ' + unit:>12s} "
+          f"{'flagos ' + unit:>12s} {'extra':>10s}")
+    for extra, name, n_calls, f_calls, n_t, f_t in rows[:top]:
+        print(f"{name[-60:]:60s} {n_calls:12d} {f_calls:12d} {n_t * scale:12.0f} {f_t * scale:12.0f} {extra * scale:10.0f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=("tiny", "0.6b"), default="tiny")
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--python", action="store_true", help="also compare Python functions (cProfile)")
     args = parser.parse_args()
     native = "cuda" if flagos_core.runtime()["name"] == "cuda" else "cpu"
     sizes = qwen3_06b.TINY if args.model == "tiny" else {}
@@ -45,19 +79,21 @@ def main():
         model = qwen3_06b.build(device, dtype, **sizes).eval()
         times[device] = op_times(model, prompt, args.tokens, device)
         del model
-    rows = []
-    for name in set(times[native]) | set(times["flagos"]):
-        n_calls, n_us = times[native].get(name, (0, 0.0))
-        f_calls, f_us = times["flagos"].get(name, (0, 0.0))
-        rows.append((f_us - n_us, name, n_calls, f_calls, n_us, f_us))
-    rows.sort(reverse=True)
     total_native = sum(us for _, us in times[native].values())
     total_flagos = sum(us for _, us in times["flagos"].values())
     print(f"host time in profiled ops: {native} {total_native / 1e3:.1f} ms, flagos {total_flagos / 1e3:.1f} ms "
           f"({args.model} Qwen3, {args.tokens} tokens)")
-    print(f"{'op':48s} {'calls ' + native:>12s} {'calls flagos':>12s} {native + ' us':>12s} {'flagos us':>12s} {'extra us':>10s}")
-    for extra, name, n_calls, f_calls, n_us, f_us in rows[:args.top]:
-        print(f"{name[:48]:48s} {n_calls:12d} {f_calls:12d} {n_us:12.0f} {f_us:12.0f} {extra:10.0f}")
+    print_diff(times, native, args.top, "us", 1.0)
+    if args.python:
+        py_times, walls = {}, {}
+        for device in (native, "flagos"):
+            model = qwen3_06b.build(device, dtype, **sizes).eval()
+            py_times[device], walls[device] = python_times(model, prompt, args.tokens, device)
+            del model
+        print(f"\nwall time per token without profiler: {native} {walls[native] / args.tokens * 1e3:.2f} ms, "
+              f"flagos {walls['flagos'] / args.tokens * 1e3:.2f} ms")
+        print("Python functions' own time (cProfile; builtins include the ATen calls they make):")
+        print_diff(py_times, native, args.top, "us", 1e6)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,31 @@ at::Tensor pooledAlias(const at::Tensor& t, c10::Device native, const c10::Stora
 // refcounting; one whose storage the kernel re-pointed is left as it is.
 void recycleAlias(at::Tensor&& alias, const c10::StorageImpl* made);
 
+// pooledAlias for the scope of a core kernel: a flagos tensor's native alias
+// (back to the pool at scope exit), any other tensor as it is. `t` must
+// outlive the scope.
+class ScopedAlias {
+ public:
+  ScopedAlias(const at::Tensor& t, c10::Device native) : original_(t) {
+    if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1) {
+      alias_ = pooledAlias(t, native, &made_);
+    }
+  }
+  ~ScopedAlias() {
+    recycleAlias(std::move(alias_), made_);
+  }
+  ScopedAlias(const ScopedAlias&) = delete;
+  ScopedAlias& operator=(const ScopedAlias&) = delete;
+  const at::Tensor& get() const {
+    return made_ ? alias_ : original_;
+  }
+
+ private:
+  const at::Tensor& original_;
+  at::Tensor alias_;
+  const c10::StorageImpl* made_ = nullptr;
+};
+
 // Turns a tensor a native kernel just made into a flagos one without a new
 // TensorImpl, when this is the only reference to it and to its storage.
 // Returns false (and changes nothing) otherwise.

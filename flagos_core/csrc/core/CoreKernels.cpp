@@ -5,6 +5,8 @@
 #include <flagos/Relabel.h>
 #include <flagos/Runtime.h>
 
+#include "core/Alias.h"
+
 #include <ATen/EmptyTensor.h>
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
@@ -62,6 +64,24 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool non_bloc
   return dst;
 }
 
+// copy_ itself, so that a copy is one dispatch, as on the native device:
+// PyTorch's generic copy_ would take flagos through _copy_from. The native
+// copy_ on pooled aliases handles every pairing (flagos with flagos, the
+// native device, or CPU) and dtype conversion.
+at::Tensor& copyInPlace(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  DeviceRuntime& rt = activeRuntime();
+  const c10::Device device = self.device().type() == c10::DeviceType::PrivateUse1 ? self.device() : src.device();
+  c10::OptionalDeviceGuard guard;
+  if (rt.getDevice() != device) {
+    guard.reset_device(device);
+  }
+  const detail::ScopedAlias dst(self, rt.nativeDevice(self.device().index()));
+  const detail::ScopedAlias from(src, rt.nativeDevice(src.device().index()));
+  at::_ops::copy_::redispatch(
+      c10::DispatchKeySet(rt.nativeDispatchKey()), const_cast<at::Tensor&>(dst.get()), from.get(), non_blocking);
+  return self;
+}
+
 at::Tensor copyFromAndResize(const at::Tensor& self, const at::Tensor& dst) {
   if (dst.sizes() != self.sizes()) {
     dst.resize_(self.sizes());
@@ -87,6 +107,7 @@ TORCH_LIBRARY_IMPL(aten, Negative, m) {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", TORCH_FN(flagos::empty));
   m.impl("empty_strided", TORCH_FN(flagos::emptyStrided));
+  m.impl("copy_", TORCH_FN(flagos::copyInPlace));
   m.impl("_copy_from", TORCH_FN(flagos::copyFrom));
   m.impl("_copy_from_and_resize", TORCH_FN(flagos::copyFromAndResize));
 }

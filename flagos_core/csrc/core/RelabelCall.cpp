@@ -31,12 +31,12 @@ at::Tensor CallState::toAlias(const at::Tensor& t, const c10::Argument& arg, boo
   noteDevice(t.device(), arg);
   const c10::StorageImpl* made = nullptr;
   at::Tensor alias = pooledAlias(t, rt.nativeDevice(t.device().index()), &made);
-  aliases.push_back(Alias{alias, t, made});
+  aliases.push_back(Alias{alias, t.unsafeGetTensorImpl(), made});
   return alias;
 }
 
 void CallState::writeBack(const Alias& a, c10::DeviceIndex index) {
-  c10::TensorImpl* orig = a.original.unsafeGetTensorImpl();
+  c10::TensorImpl* orig = a.original;
   const c10::TensorImpl* native = a.native.unsafeGetTensorImpl();
   const c10::Storage& native_storage = native->storage();
   c10::StorageImpl* orig_storage = orig->storage().unsafeGetStorageImpl();
@@ -77,7 +77,8 @@ at::Tensor CallState::fromNative(at::Tensor t, c10::DeviceIndex index) {
   }
   for (const Alias& a : aliases) {
     if (a.native.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
-      return a.original; // in-place and out= ops hand back their argument
+      // in-place and out= ops hand back their argument
+      return at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(a.original));
     }
   }
   TORCH_CHECK(
@@ -86,7 +87,7 @@ at::Tensor CallState::fromNative(at::Tensor t, c10::DeviceIndex index) {
   const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   for (const Alias& a : aliases) {
     if (a.native_storage == storage) {
-      return flagosTensorOver(a.original.storage(), t); // a view of an input
+      return flagosTensorOver(a.original->storage(), t); // a view of an input
     }
   }
   if (auto flagos = aliasedFlagosStorage(t.storage())) {

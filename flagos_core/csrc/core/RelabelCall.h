@@ -20,7 +20,9 @@ namespace detail {
 
 struct Alias {
   at::Tensor native;
-  at::Tensor original;
+  // Borrowed: the caller's flagos tensor, alive for the whole call. Taking a
+  // reference would cost, for a tensor Python holds, a trip through the GIL.
+  c10::TensorImpl* original;
   const c10::StorageImpl* native_storage; // as made, before the kernel ran
 };
 
@@ -38,6 +40,7 @@ struct CallState {
   std::optional<std::pair<c10::Device, const c10::Argument*>> foreign; // first non-flagos tensor
   c10::SmallVector<Alias, 4> aliases;
   c10::SmallVector<const c10::StorageImpl*, 4> foreign_storages;
+  c10::SmallVector<at::Tensor, 2> kept; // originals nobody else holds for the call
 
   CallState(const c10::OperatorHandle& op, const OpSlotInfo& info, DeviceRuntime& rt) : op(op), info(info), rt(rt) {}
   CallState(const CallState&) = delete;
@@ -54,8 +57,15 @@ struct CallState {
 
   // The native alias to pass for argument `arg` (a non-flagos tensor as it
   // is). In a list (indices and the like), CPU tensors are allowed unless the
-  // op demands one device, as with the native backends.
+  // op demands one device, as with the native backends. `t` must outlive
+  // the call (an argument the caller holds); where it may not (a boxed stack
+  // slot the alias replaces, an element copied out of a list), toAliasKept
+  // holds it for the call.
   at::Tensor toAlias(const at::Tensor& t, const c10::Argument& arg, bool in_list);
+  at::Tensor toAliasKept(at::Tensor t, const c10::Argument& arg, bool in_list) {
+    kept.push_back(std::move(t));
+    return toAlias(kept.back(), arg, in_list);
+  }
 
   // After the arguments: raises for a flagos/other-device mix, makes the
   // call's device current through `guard` if it is not, and returns the

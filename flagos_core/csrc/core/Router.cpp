@@ -206,7 +206,7 @@ void dynamicKernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, Stac
 // Overloads the core serves itself (allocation and copies, CoreKernels.cpp).
 const std::unordered_set<std::string>& coreOwned() {
   static const std::unordered_set<std::string> names = {
-      "empty.memory_format", "empty_strided", "_copy_from", "_copy_from_and_resize"};
+      "empty.memory_format", "empty_strided", "copy_", "_copy_from", "_copy_from_and_resize"};
   return names;
 }
 

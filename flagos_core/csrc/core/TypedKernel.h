@@ -114,7 +114,8 @@ struct Arg<const c10::List<std::optional<at::Tensor>>&> {
     Held out;
     out.reserve(list.size());
     for (const std::optional<at::Tensor>& t : list) {
-      out.push_back(t.has_value() ? std::optional<at::Tensor>(s.toAlias(*t, a, true)) : std::nullopt);
+      // The list hands out copies, not references: hold them for the call.
+      out.push_back(t.has_value() ? std::optional<at::Tensor>(s.toAliasKept(*t, a, true)) : std::nullopt);
     }
     return out;
   }
