@@ -37,7 +37,8 @@ void deleteForeignStorageRef(void* ctx) {
 }
 
 // Alias TensorImpls not in use, per native device, for this thread. Each
-// keeps its own StorageImpl; between calls that storage points at nothing.
+// keeps its own StorageImpl; between calls it still holds the last borrowed
+// pointer, which is never read and whose deleter does nothing.
 class AliasPool {
  public:
   at::Tensor take(c10::Device native) {
@@ -145,8 +146,10 @@ at::Tensor pooledAlias(const at::Tensor& t, c10::Device native, const c10::Stora
   c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
   c10::StorageImpl* flagos = t.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(borrowedDataPtr(flagos, native));
-  storage->set_nbytes(flagos->sym_nbytes());
-  storage->set_resizable(flagos->resizable());
+  storage->set_nbytes(flagos->nbytes());
+  if (storage->resizable() != flagos->resizable()) {
+    storage->set_resizable(flagos->resizable());
+  }
   if (impl->dtype() != t.dtype()) {
     impl->set_storage_and_dtype(impl->storage(), t.dtype()); // same storage; new dtype
   }
@@ -175,10 +178,9 @@ void recycleAlias(at::Tensor&& alias, const c10::StorageImpl* made) {
     }
     return; // refcounting frees it
   }
-  const c10::Device native = s->data_ptr().device();
-  s->set_data_ptr_noswap(c10::DataPtr(nullptr, native)); // drops the flagos storage
-  s->set_nbytes(0);
-  threadPool().give(std::move(impl), native);
+  // The borrowed pointer stays until the next take() replaces it: its
+  // deleter does nothing, and nothing reaches a pooled alias meanwhile.
+  threadPool().give(std::move(impl), s->data_ptr().device());
 }
 
 bool relabelIfSoleOwner(at::Tensor& t, c10::DeviceIndex index) {
