@@ -4,6 +4,7 @@
 
 #include <c10/util/SmallVector.h>
 
+#include <atomic>
 #include <vector>
 
 namespace flagos::detail {
@@ -36,6 +37,69 @@ void deleteForeignStorageRef(void* ctx) {
   delete static_cast<ForeignStorageRef*>(ctx);
 }
 
+// The TensorImpl of every native alias: a plain TensorImpl that takes a
+// flagos tensor's geometry together with its cached contiguity flags (the
+// same geometry, so the same flags) instead of recomputing them, which
+// set_sizes_and_strides does at several times the cost of the copy.
+class AliasImpl final : public c10::TensorImpl {
+ public:
+  AliasImpl(c10::Storage storage, c10::DispatchKeySet keys)
+      : TensorImpl(std::move(storage), keys, caffe2::TypeMeta()) {}
+
+  void takeGeometryOf(const c10::TensorImpl& from) {
+    if (C10_UNLIKELY(from.has_symbolic_sizes_strides())) {
+      set_sizes_and_strides(from.sizes(), from.strides(), from.storage_offset());
+      return;
+    }
+    sizes_and_strides_ = from.*kSizesAndStrides;
+    storage_offset_ = from.*kStorageOffset;
+    numel_ = from.*kNumel;
+    is_contiguous_ = from.is_contiguous();
+    is_channels_last_contiguous_ = from.is_contiguous(c10::MemoryFormat::ChannelsLast);
+    is_channels_last_3d_contiguous_ = from.is_contiguous(c10::MemoryFormat::ChannelsLast3d);
+    is_channels_last_ = from.is_strides_like(c10::MemoryFormat::ChannelsLast);
+    is_channels_last_3d_ = from.is_strides_like(c10::MemoryFormat::ChannelsLast3d);
+    is_non_overlapping_and_dense_ = from.is_non_overlapping_and_dense();
+  }
+
+  bool hasGeometryOf(const c10::TensorImpl& from) const {
+    return storage_offset_ == from.*kStorageOffset && sizes_and_strides_ == from.*kSizesAndStrides;
+  }
+
+  void setDtype(caffe2::TypeMeta dtype) {
+    data_type_ = dtype;
+  }
+
+  // A native TensorImpl (a kernel's result, seen by nobody else) becomes a
+  // flagos one: device and backend keys, as set_storage_keep_dtype and
+  // _change_backend_component_keys would, without the storage reference
+  // traffic; the key translation is remembered for the last keyset seen.
+  static void relabelAsFlagos(c10::TensorImpl& impl, c10::Device label) {
+    thread_local std::pair<c10::DispatchKeySet, c10::DispatchKeySet> last;
+    impl.*kDeviceOpt = label;
+    const c10::DispatchKeySet native = impl.*kKeySet;
+    if (native == last.first && last.second.highestBackendKey() == c10::BackendComponent::PrivateUse1Bit) {
+      impl.*kKeySet = last.second;
+      return;
+    }
+    impl._change_backend_component_keys(label);
+    last = {native, impl.*kKeySet};
+  }
+
+ private:
+  // Members of TensorImpl named through this class, so they can be read on
+  // any TensorImpl (the flagos tensor), not only on this one.
+  static constexpr c10::impl::SizesAndStrides c10::TensorImpl::*kSizesAndStrides = &AliasImpl::sizes_and_strides_;
+  static constexpr int64_t c10::TensorImpl::*kStorageOffset = &AliasImpl::storage_offset_;
+  static constexpr int64_t c10::TensorImpl::*kNumel = &AliasImpl::numel_;
+  static constexpr std::optional<c10::Device> c10::TensorImpl::*kDeviceOpt = &AliasImpl::device_opt_;
+  static constexpr c10::DispatchKeySet c10::TensorImpl::*kKeySet = &AliasImpl::key_set_;
+};
+
+AliasImpl& asAliasImpl(const at::Tensor& alias) {
+  return *static_cast<AliasImpl*>(alias.unsafeGetTensorImpl()); // every pooled alias is one
+}
+
 // Alias TensorImpls not in use, per native device, for this thread. Each
 // keeps its own StorageImpl; between calls it still holds the last borrowed
 // pointer, which is never read and whose deleter does nothing.
@@ -47,7 +111,7 @@ class AliasPool {
       c10::Storage storage(c10::make_intrusive<c10::StorageImpl>(
           c10::StorageImpl::use_byte_size_t(), 0, c10::DataPtr(nullptr, native), c10::GetAllocator(native.type()),
           false));
-      return at::Tensor(c10::make_intrusive<c10::TensorImpl>(std::move(storage), keysFor(native), caffe2::TypeMeta()));
+      return at::Tensor(c10::make_intrusive<AliasImpl>(std::move(storage), keysFor(native)));
     }
     at::Tensor t(std::move(list.back()));
     list.pop_back();
@@ -75,9 +139,117 @@ class AliasPool {
   c10::SmallVector<std::pair<c10::Device, std::vector<c10::intrusive_ptr<c10::TensorImpl>>>, 2> lists_;
 };
 
-AliasPool& threadPool() {
-  thread_local AliasPool pool;
-  return pool;
+// This thread's pool, made on first use. The slot is trivially destructible
+// (one TLS lookup per access); the reaper frees the pool at thread exit, and
+// tensors freed after that find it gone and leave aliases to refcounting.
+struct PoolSlot {
+  AliasPool* pool = nullptr;
+  bool gone = false;
+};
+thread_local PoolSlot t_pool;
+
+struct PoolReaper {
+  ~PoolReaper() {
+    delete t_pool.pool;
+    t_pool.pool = nullptr;
+    t_pool.gone = true;
+  }
+};
+
+AliasPool* threadPool() {
+  PoolSlot& slot = t_pool;
+  if (C10_LIKELY(slot.pool != nullptr)) {
+    return slot.pool;
+  }
+  if (slot.gone) {
+    return nullptr;
+  }
+  thread_local PoolReaper reaper;
+  (void)reaper;
+  slot.pool = new AliasPool();
+  return slot.pool;
+}
+
+at::Tensor takeAlias(c10::Device native) {
+  AliasPool* pool = threadPool();
+  return pool ? pool->take(native) : AliasPool().take(native);
+}
+
+void giveAlias(c10::intrusive_ptr<c10::TensorImpl> impl, c10::Device native) {
+  if (AliasPool* pool = threadPool()) {
+    pool->give(std::move(impl), native);
+  }
+}
+
+bool sameGeometry(const c10::TensorImpl& a, const c10::TensorImpl& b) {
+  const c10::IntArrayRef as = a.sizes(), bs = b.sizes();
+  if (as.size() != bs.size() || a.storage_offset() != b.storage_offset()) {
+    return false;
+  }
+  const c10::IntArrayRef ast = a.strides(), bst = b.strides();
+  for (size_t d = 0; d < as.size(); ++d) {
+    if (as[d] != bs[d] || ast[d] != bst[d]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A flagos tensor's native alias, made once and shared by every read of the
+// tensor, on any thread: published once (empty -> making -> ready) and never
+// changed after, so readers need no lock. If the flagos tensor's metadata
+// changes in place, the alias stops matching and calls take pooled ones.
+class AliasCache final : public c10::BackendMeta {
+ public:
+  const at::Tensor* ready() const {
+    return state_.load(std::memory_order_acquire) == kReady ? &alias_ : nullptr;
+  }
+  bool claim() {
+    int expected = kEmpty;
+    return state_.compare_exchange_strong(expected, kMaking, std::memory_order_acq_rel);
+  }
+  const at::Tensor* publish(at::Tensor alias) {
+    alias_ = std::move(alias);
+    state_.store(kReady, std::memory_order_release);
+    return &alias_;
+  }
+  ~AliasCache() override {
+    if (state_.load(std::memory_order_acquire) != kReady) {
+      return;
+    }
+    c10::intrusive_ptr<c10::TensorImpl> impl = std::move(alias_).unsafeReleaseIntrusivePtr();
+    c10::StorageImpl* s = impl->unsafe_storage().unsafeGetStorageImpl();
+    if (impl.use_count() == 1 && impl.weak_use_count() == 1 && impl->unsafe_storage().use_count() == 1) {
+      const c10::Device native = s->data_ptr().device();
+      s->set_data_ptr_noswap(c10::DataPtr(nullptr, native)); // drops the flagos storage reference
+      giveAlias(std::move(impl), native);
+    }
+  }
+
+ private:
+  static constexpr int kEmpty = 0, kMaking = 1, kReady = 2;
+  std::atomic<int> state_{kEmpty};
+  at::Tensor alias_;
+};
+
+// `alias` over flagos tensor `t`'s memory with t's geometry: the data pointer
+// is an owning one when the alias may outlive a call (cached), borrowed else.
+void pointAliasAt(AliasImpl& alias, const c10::TensorImpl& t, c10::Device native, bool owning) {
+  c10::StorageImpl* storage = alias.unsafe_storage().unsafeGetStorageImpl();
+  c10::StorageImpl* flagos = t.unsafe_storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(owning ? aliasDataPtr(flagos, native) : borrowedDataPtr(flagos, native));
+  storage->set_nbytes(flagos->nbytes());
+  if (storage->resizable() != flagos->resizable()) {
+    storage->set_resizable(flagos->resizable());
+  }
+  alias.setDtype(t.dtype());
+  alias.takeGeometryOf(t);
+  if (alias.is_conj() != t.is_conj()) {
+    alias._set_conj(t.is_conj());
+  }
+  if (alias.is_neg() != t.is_neg()) {
+    alias._set_neg(t.is_neg());
+  }
 }
 
 } // namespace
@@ -121,8 +293,7 @@ c10::DispatchKeySet keysFor(c10::Device device) {
 void copyGeometry(const c10::TensorImpl& from, c10::TensorImpl& to) {
   // A pooled alias often has the geometry already (the pool is last-in
   // first-out); setting it again would recompute contiguity for nothing.
-  if (from.sizes() != to.sizes() || from.strides() != to.strides() ||
-      from.storage_offset() != to.storage_offset()) {
+  if (!sameGeometry(from, to)) {
     to.set_sizes_and_strides(from.sizes(), from.strides(), from.storage_offset());
   }
   if (from.is_conj() != to.is_conj()) {
@@ -141,21 +312,39 @@ at::Tensor flagosTensorOver(c10::Storage storage, const at::Tensor& geometry) {
 }
 
 at::Tensor pooledAlias(const at::Tensor& t, c10::Device native, const c10::StorageImpl** made) {
-  at::Tensor alias = threadPool().take(native);
-  c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
-  c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
-  c10::StorageImpl* flagos = t.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(borrowedDataPtr(flagos, native));
-  storage->set_nbytes(flagos->nbytes());
-  if (storage->resizable() != flagos->resizable()) {
-    storage->set_resizable(flagos->resizable());
-  }
-  if (impl->dtype() != t.dtype()) {
-    impl->set_storage_and_dtype(impl->storage(), t.dtype()); // same storage; new dtype
-  }
-  copyGeometry(*t.unsafeGetTensorImpl(), *impl);
-  *made = storage;
+  at::Tensor alias = takeAlias(native);
+  pointAliasAt(asAliasImpl(alias), *t.unsafeGetTensorImpl(), native, false);
+  *made = alias.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
   return alias;
+}
+
+void attachAliasCache(c10::TensorImpl& impl) {
+  impl.set_backend_meta(c10::make_intrusive<AliasCache>());
+}
+
+const at::Tensor* cachedAlias(const at::Tensor& t, c10::Device native) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  // Backend metadata on a flagos tensor is only ever the core's.
+  auto* cache = static_cast<AliasCache*>(impl->get_backend_meta());
+  if (cache == nullptr) {
+    return nullptr;
+  }
+  if (const at::Tensor* alias = cache->ready()) {
+    const AliasImpl& a = asAliasImpl(*alias);
+    const c10::StorageImpl* as = a.unsafe_storage().unsafeGetStorageImpl();
+    const c10::StorageImpl* fs = impl->unsafe_storage().unsafeGetStorageImpl();
+    const c10::DataPtr& ptr = as->data_ptr();
+    const bool matches = ptr.get_context() == fs && ptr.get() == fs->data_ptr().get() &&
+        as->nbytes() == fs->nbytes() && a.dtype() == impl->dtype() && a.hasGeometryOf(*impl) &&
+        a.is_conj() == impl->is_conj() && a.is_neg() == impl->is_neg();
+    return matches ? alias : nullptr;
+  }
+  if (!cache->claim()) {
+    return nullptr; // another thread is making it
+  }
+  at::Tensor alias = takeAlias(native);
+  pointAliasAt(asAliasImpl(alias), *impl, native, true);
+  return cache->publish(std::move(alias));
 }
 
 void recycleAlias(at::Tensor&& alias, const c10::StorageImpl* made) {
@@ -180,7 +369,7 @@ void recycleAlias(at::Tensor&& alias, const c10::StorageImpl* made) {
   }
   // The borrowed pointer stays until the next take() replaces it: its
   // deleter does nothing, and nothing reaches a pooled alias meanwhile.
-  threadPool().give(std::move(impl), s->data_ptr().device());
+  giveAlias(std::move(impl), s->data_ptr().device());
 }
 
 bool relabelIfSoleOwner(at::Tensor& t, c10::DeviceIndex index) {
@@ -192,9 +381,7 @@ bool relabelIfSoleOwner(at::Tensor& t, c10::DeviceIndex index) {
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   storage->mutable_data_ptr().unsafe_set_device(label);
   storage->set_allocator(activeRuntime().allocator());
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  impl->set_storage_keep_dtype(t.storage()); // re-reads the device from the storage
-  impl->_change_backend_component_keys(label);
+  AliasImpl::relabelAsFlagos(*t.unsafeGetTensorImpl(), label);
   return true;
 }
 

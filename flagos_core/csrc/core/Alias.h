@@ -6,6 +6,7 @@
 
 #include <ATen/Tensor.h>
 #include <c10/core/Storage.h>
+#include <c10/util/MaybeOwned.h>
 
 #include <optional>
 
@@ -33,14 +34,31 @@ at::Tensor pooledAlias(const at::Tensor& t, c10::Device native, const c10::Stora
 // refcounting; one whose storage the kernel re-pointed is left as it is.
 void recycleAlias(at::Tensor&& alias, const c10::StorageImpl* made);
 
-// pooledAlias for the scope of a core kernel: a flagos tensor's native alias
-// (back to the pool at scope exit), any other tensor as it is. `t` must
-// outlive the scope.
+// Tensors from the core's factory kernels (empty, empty_strided: parameters,
+// buffers, caches, anything made with a device= argument) carry a cache for
+// their native alias, as PrivateUse1 backend metadata set while the tensor is
+// still private to the making thread. The alias is made on the tensor's
+// first read-only use and serves every later one: a check that geometry and
+// memory still match, instead of a pooled alias set up and recycled per call.
+// Kernel results and views, mostly read once, take pooled aliases: for them
+// the cache would cost more than it saves.
+void attachAliasCache(c10::TensorImpl& impl);
+// The cached alias of `t`, or nullptr (no cache, or t's metadata changed in
+// place since it was made): the caller then takes a pooled alias. Only for
+// arguments the kernel does not write; the alias is shared between threads.
+const at::Tensor* cachedAlias(const at::Tensor& t, c10::Device native);
+
+// The native alias of a flagos tensor for the scope of a core kernel (the
+// cached one for a read-only argument, else from the pool, back at scope
+// exit); any other tensor as it is. `t` must outlive the scope.
 class ScopedAlias {
  public:
-  ScopedAlias(const at::Tensor& t, c10::Device native) : original_(t) {
+  ScopedAlias(const at::Tensor& t, c10::Device native, bool written) : original_(t) {
     if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1) {
-      alias_ = pooledAlias(t, native, &made_);
+      cached_ = written ? nullptr : cachedAlias(t, native);
+      if (cached_ == nullptr) {
+        alias_ = pooledAlias(t, native, &made_);
+      }
     }
   }
   ~ScopedAlias() {
@@ -49,11 +67,12 @@ class ScopedAlias {
   ScopedAlias(const ScopedAlias&) = delete;
   ScopedAlias& operator=(const ScopedAlias&) = delete;
   const at::Tensor& get() const {
-    return made_ ? alias_ : original_;
+    return cached_ ? *cached_ : made_ ? alias_ : original_;
   }
 
  private:
   const at::Tensor& original_;
+  const at::Tensor* cached_ = nullptr;
   at::Tensor alias_;
   const c10::StorageImpl* made_ = nullptr;
 };

@@ -36,8 +36,10 @@ at::Tensor empty(
   TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided, "flagos: only strided tensors are supported, got ", *layout);
   const c10::DeviceIndex index = targetIndex(device);
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index));
-  return at::detail::empty_generic(
+  at::Tensor t = at::detail::empty_generic(
       size, activeRuntime().allocator(), kFlagosKeys, c10::dtype_or_default(dtype), memory_format);
+  detail::attachAliasCache(*t.unsafeGetTensorImpl());
+  return t;
 }
 
 at::Tensor emptyStrided(
@@ -50,8 +52,10 @@ at::Tensor emptyStrided(
   TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided, "flagos: only strided tensors are supported, got ", *layout);
   const c10::DeviceIndex index = targetIndex(device);
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index));
-  return at::detail::empty_strided_generic(
+  at::Tensor t = at::detail::empty_strided_generic(
       size, stride, activeRuntime().allocator(), kFlagosKeys, c10::dtype_or_default(dtype));
+  detail::attachAliasCache(*t.unsafeGetTensorImpl());
+  return t;
 }
 
 // Copies run as the native device's copy_ on aliases: memcpy for host,
@@ -75,8 +79,8 @@ at::Tensor& copyInPlace(at::Tensor& self, const at::Tensor& src, bool non_blocki
   if (rt.getDevice() != device) {
     guard.reset_device(device);
   }
-  const detail::ScopedAlias dst(self, rt.nativeDevice(self.device().index()));
-  const detail::ScopedAlias from(src, rt.nativeDevice(src.device().index()));
+  const detail::ScopedAlias dst(self, rt.nativeDevice(self.device().index()), true);
+  const detail::ScopedAlias from(src, rt.nativeDevice(src.device().index()), false);
   at::_ops::copy_::redispatch(
       c10::DispatchKeySet(rt.nativeDispatchKey()), const_cast<at::Tensor&>(dst.get()), from.get(), non_blocking);
   return self;

@@ -72,13 +72,13 @@ void RelabelProvider::call(
   for (size_t i = 0; i < args.size(); ++i) {
     c10::IValue& v = (*stack)[first + i];
     if (v.isTensor()) {
-      v = state.toAliasKept(std::move(v).toTensor(), args[i], false);
+      v = *state.toAliasKept(std::move(v).toTensor(), args[i], false);
     } else if (v.isTensorList()) {
       auto list = v.toTensorList();
       c10::List<at::Tensor> native;
       native.reserve(list.size());
       for (const at::Tensor& t : list) {
-        native.push_back(state.toAliasKept(t, args[i], true));
+        native.push_back(*state.toAliasKept(t, args[i], true));
       }
       v = std::move(native);
     } else if (v.isOptionalTensorList()) {
@@ -86,7 +86,7 @@ void RelabelProvider::call(
       c10::List<std::optional<at::Tensor>> native;
       native.reserve(list.size());
       for (const std::optional<at::Tensor>& t : list) {
-        native.push_back(t.has_value() ? std::optional<at::Tensor>(state.toAliasKept(*t, args[i], true)) : std::nullopt);
+        native.push_back(t.has_value() ? std::optional<at::Tensor>(*state.toAliasKept(*t, args[i], true)) : std::nullopt);
       }
       v = std::move(native);
     } else if (v.isStorage() && v.toStorage().device().type() == c10::DeviceType::PrivateUse1) {

@@ -12,13 +12,13 @@ void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::Operato
 
 CallState::~CallState() {
   for (Alias& a : aliases) {
-    recycleAlias(std::move(a.native), a.native_storage);
+    recycleAlias(std::move(a.pooled), a.native_storage);
   }
 }
 
-at::Tensor CallState::toAlias(const at::Tensor& t, const c10::Argument& arg, bool in_list) {
+c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, const c10::Argument& arg, bool in_list) {
   if (!t.defined()) {
-    return t;
+    return c10::MaybeOwned<at::Tensor>::borrowed(t);
   }
   if (t.device().type() != c10::DeviceType::PrivateUse1) {
     foreign_storages.push_back(t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr);
@@ -26,18 +26,27 @@ at::Tensor CallState::toAlias(const at::Tensor& t, const c10::Argument& arg, boo
     if (!scalar && (!in_list || info.exact_device) && !foreign) {
       foreign.emplace(t.device(), &arg);
     }
-    return t;
+    return c10::MaybeOwned<at::Tensor>::borrowed(t);
   }
   noteDevice(t.device(), arg);
+  const c10::Device native = rt.nativeDevice(t.device().index());
+  if (!isWritten(arg)) {
+    if (const at::Tensor* cached = cachedAlias(t, native)) {
+      c10::TensorImpl* impl = cached->unsafeGetTensorImpl();
+      aliases.push_back(Alias{at::Tensor(), impl, t.unsafeGetTensorImpl(), impl->unsafe_storage().unsafeGetStorageImpl()});
+      return c10::MaybeOwned<at::Tensor>::borrowed(*cached);
+    }
+  }
   const c10::StorageImpl* made = nullptr;
-  at::Tensor alias = pooledAlias(t, rt.nativeDevice(t.device().index()), &made);
-  aliases.push_back(Alias{alias, t.unsafeGetTensorImpl(), made});
-  return alias;
+  at::Tensor alias = pooledAlias(t, native, &made);
+  c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
+  aliases.push_back(Alias{alias, impl, t.unsafeGetTensorImpl(), made});
+  return c10::MaybeOwned<at::Tensor>::owned(std::move(alias));
 }
 
 void CallState::writeBack(const Alias& a, c10::DeviceIndex index) {
   c10::TensorImpl* orig = a.original;
-  const c10::TensorImpl* native = a.native.unsafeGetTensorImpl();
+  const c10::TensorImpl* native = a.native;
   const c10::Storage& native_storage = native->storage();
   c10::StorageImpl* orig_storage = orig->storage().unsafeGetStorageImpl();
   if (auto flagos = aliasedFlagosStorage(native_storage)) {
@@ -76,7 +85,7 @@ at::Tensor CallState::fromNative(at::Tensor t, c10::DeviceIndex index) {
     return t;
   }
   for (const Alias& a : aliases) {
-    if (a.native.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+    if (a.native == t.unsafeGetTensorImpl()) {
       // in-place and out= ops hand back their argument
       return at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim_copy(a.original));
     }

@@ -9,6 +9,7 @@
 #include <flagos/Runtime.h>
 
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/MaybeOwned.h>
 #include <c10/util/SmallVector.h>
 
 #include <optional>
@@ -19,12 +20,21 @@ namespace flagos {
 namespace detail {
 
 struct Alias {
-  at::Tensor native;
+  // This call's own alias, from the pool and back to it after the call;
+  // undefined when the kernel reads the flagos tensor's cached alias.
+  at::Tensor pooled;
+  c10::TensorImpl* native; // the alias the kernel sees
   // Borrowed: the caller's flagos tensor, alive for the whole call. Taking a
   // reference would cost, for a tensor Python holds, a trip through the GIL.
   c10::TensorImpl* original;
   const c10::StorageImpl* native_storage; // as made, before the kernel ran
 };
+
+// Whether the op may write argument `arg` (in-place self, out=): such an
+// argument gets an alias of its own for the call, never the shared cached one.
+inline bool isWritten(const c10::Argument& arg) {
+  return arg.alias_info() != nullptr && arg.alias_info()->isWrite();
+}
 
 [[noreturn]] void mixedDevices(
     const c10::Device& a,
@@ -56,13 +66,13 @@ struct CallState {
   }
 
   // The native alias to pass for argument `arg` (a non-flagos tensor as it
-  // is). In a list (indices and the like), CPU tensors are allowed unless the
-  // op demands one device, as with the native backends. `t` must outlive
-  // the call (an argument the caller holds); where it may not (a boxed stack
-  // slot the alias replaces, an element copied out of a list), toAliasKept
-  // holds it for the call.
-  at::Tensor toAlias(const at::Tensor& t, const c10::Argument& arg, bool in_list);
-  at::Tensor toAliasKept(at::Tensor t, const c10::Argument& arg, bool in_list) {
+  // is), borrowed for the call. In a list (indices and the like), CPU tensors
+  // are allowed unless the op demands one device, as with the native
+  // backends. `t` must outlive the call (an argument the caller holds); where
+  // it may not (a boxed stack slot the alias replaces, an element copied out
+  // of a list), toAliasKept holds it for the call.
+  c10::MaybeOwned<at::Tensor> toAlias(const at::Tensor& t, const c10::Argument& arg, bool in_list);
+  c10::MaybeOwned<at::Tensor> toAliasKept(at::Tensor t, const c10::Argument& arg, bool in_list) {
     kept.push_back(std::move(t));
     return toAlias(kept.back(), arg, in_list);
   }
@@ -85,7 +95,9 @@ struct CallState {
   // of an alias over to its flagos tensor.
   void writeBackAll(c10::DeviceIndex index) {
     for (const Alias& a : aliases) {
-      writeBack(a, index);
+      if (a.pooled.defined()) { // a cached alias is never written
+        writeBack(a, index);
+      }
     }
   }
 

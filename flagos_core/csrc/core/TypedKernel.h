@@ -44,23 +44,23 @@ struct Arg {
 
 template <>
 struct Arg<const at::Tensor&> {
-  using Held = at::Tensor;
-  static at::Tensor convert(CallState& s, const at::Tensor& t, const c10::Argument& a) {
+  using Held = c10::MaybeOwned<at::Tensor>;
+  static Held convert(CallState& s, const at::Tensor& t, const c10::Argument& a) {
     return s.toAlias(t, a, false);
   }
   static const at::Tensor& pass(Held& h) {
-    return h;
+    return *h;
   }
 };
 
 template <>
 struct Arg<at::Tensor&> {
-  using Held = at::Tensor;
-  static at::Tensor convert(CallState& s, const at::Tensor& t, const c10::Argument& a) {
+  using Held = c10::MaybeOwned<at::Tensor>;
+  static Held convert(CallState& s, const at::Tensor& t, const c10::Argument& a) {
     return s.toAlias(t, a, false);
   }
   static at::Tensor& pass(Held& h) {
-    return h;
+    return const_cast<at::Tensor&>(*h); // written: a pooled alias of the call's own
   }
 };
 
@@ -68,7 +68,7 @@ template <>
 struct Arg<const std::optional<at::Tensor>&> {
   using Held = std::optional<at::Tensor>;
   static Held convert(CallState& s, const std::optional<at::Tensor>& t, const c10::Argument& a) {
-    return t.has_value() ? Held(s.toAlias(*t, a, false)) : std::nullopt;
+    return t.has_value() ? Held(*s.toAlias(*t, a, false)) : std::nullopt;
   }
   static const Held& pass(Held& h) {
     return h;
@@ -80,7 +80,7 @@ std::vector<at::Tensor> aliasesOf(CallState& s, const List& list, const c10::Arg
   std::vector<at::Tensor> out;
   out.reserve(list.size());
   for (const at::Tensor& t : list) {
-    out.push_back(s.toAlias(t, a, true));
+    out.push_back(*s.toAlias(t, a, true));
   }
   return out;
 }
@@ -115,7 +115,7 @@ struct Arg<const c10::List<std::optional<at::Tensor>>&> {
     out.reserve(list.size());
     for (const std::optional<at::Tensor>& t : list) {
       // The list hands out copies, not references: hold them for the call.
-      out.push_back(t.has_value() ? std::optional<at::Tensor>(s.toAliasKept(*t, a, true)) : std::nullopt);
+      out.push_back(t.has_value() ? std::optional<at::Tensor>(*s.toAliasKept(*t, a, true)) : std::nullopt);
     }
     return out;
   }

@@ -1,0 +1,115 @@
+"""The native alias a factory-made flagos tensor keeps for its reads.
+
+A tensor from empty/empty_strided (so from randn, zeros, .to("flagos"), ...)
+makes its native alias on first read and reuses it. These tests change such a
+tensor after that first read, in every way PyTorch allows (in-place metadata
+ops, resize, set_, .data), and check that later reads see the change exactly
+as CPU does; that the alias does not keep memory alive after the tensor dies;
+and that many threads making the first read at once agree.
+"""
+
+import threading
+
+import pytest
+import torch
+
+import flagos_core  # noqa: F401
+
+
+def _pair(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cpu = torch.randn(*shape, generator=g)
+    return cpu, cpu.to("flagos")
+
+
+def _check(flagos_value, cpu_value):
+    assert flagos_value.device.type == "flagos"
+    assert torch.equal(flagos_value.cpu(), cpu_value)
+
+
+def test_reads_after_in_place_metadata_ops_see_the_new_geometry():
+    cpu, dev = _pair(3, 4)
+    _check(dev * 2, cpu * 2)  # first read: the alias is made
+    for op in (lambda t: t.t_(), lambda t: t.unsqueeze_(0), lambda t: t.squeeze_(0),
+               lambda t: t.transpose_(0, 1), lambda t: t.as_strided_((2, 2), (1, 3), 1)):
+        op(cpu)
+        op(dev)
+        assert dev.shape == cpu.shape and dev.stride() == cpu.stride()
+        _check(dev + 1, cpu + 1)
+        _check(dev.sum(0), cpu.sum(0))
+
+
+def test_reads_after_resize_and_set_see_the_new_memory():
+    cpu, dev = _pair(4)
+    _check(dev + 1, cpu + 1)
+    cpu.resize_(64).fill_(2.5)
+    dev.resize_(64).fill_(2.5)  # a resize past the storage moves the data
+    _check(dev * 3, cpu * 3)
+    other_cpu, other_dev = _pair(5, seed=1)
+    cpu.set_(other_cpu.untyped_storage(), 0, (5,), (1,))
+    dev.set_(other_dev.untyped_storage(), 0, (5,), (1,))
+    _check(dev - 1, cpu - 1)
+    other_dev.mul_(2)  # dev shares other_dev's memory now
+    other_cpu.mul_(2)
+    _check(dev + 0, cpu + 0)
+
+
+def test_data_assignment_and_detach():
+    cpu, dev = _pair(2, 3)
+    _check(dev + 1, cpu + 1)
+    new_cpu, new_dev = _pair(3, 2, seed=2)
+    cpu.data = new_cpu
+    dev.data = new_dev
+    _check(dev * 2, cpu * 2)
+    det_cpu, det_dev = cpu.detach(), dev.detach()
+    det_cpu.t_()
+    det_dev.t_()  # the detached tensor changes; the original must not
+    _check(dev + 1, cpu + 1)
+    _check(det_dev + 1, det_cpu + 1)
+
+
+def test_in_place_writes_reach_later_reads():
+    cpu, dev = _pair(8)
+    _check(dev + 0, cpu + 0)
+    dev.add_(1)
+    cpu.add_(1)
+    dev[2:5] = 7.0
+    cpu[2:5] = 7.0
+    torch.mul(dev, 2, out=dev)
+    torch.mul(cpu, 2, out=cpu)
+    _check(dev + 0, cpu + 0)
+
+
+def test_a_tensor_that_was_read_frees_its_memory():
+    torch.flagos.empty_cache()
+    before = torch.flagos.memory_allocated()
+    x = torch.ones(1 << 16, device="flagos")
+    (x + 1).sum().item()  # x's alias is made and cached
+    assert torch.flagos.memory_allocated() > before
+    del x
+    assert torch.flagos.memory_allocated() == before
+
+
+@pytest.mark.parametrize("threads", [8])
+def test_threads_make_the_first_read_together(threads):
+    results, errors = [], []
+    for round_ in range(20):
+        cpu, dev = _pair(32, 32, seed=round_)
+        barrier = threading.Barrier(threads)
+        out = [None] * threads
+
+        def read(i):
+            try:
+                barrier.wait()
+                out[i] = (dev @ dev + i).cpu()
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+
+        pool = [threading.Thread(target=read, args=(i,)) for i in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join(timeout=60)
+        results.append(all(torch.equal(out[i], cpu @ cpu + i) for i in range(threads)))
+    assert not errors
+    assert all(results)
