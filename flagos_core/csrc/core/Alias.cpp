@@ -322,7 +322,7 @@ void attachAliasCache(c10::TensorImpl& impl) {
   impl.set_backend_meta(c10::make_intrusive<AliasCache>());
 }
 
-const at::Tensor* cachedAlias(const at::Tensor& t, c10::Device native) {
+const at::Tensor* cachedAlias(const at::Tensor& t, DeviceRuntime& rt) {
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   // Backend metadata on a flagos tensor is only ever the core's.
   auto* cache = static_cast<AliasCache*>(impl->get_backend_meta());
@@ -342,6 +342,7 @@ const at::Tensor* cachedAlias(const at::Tensor& t, c10::Device native) {
   if (!cache->claim()) {
     return nullptr; // another thread is making it
   }
+  const c10::Device native = rt.nativeDevice(t.device().index());
   at::Tensor alias = takeAlias(native);
   pointAliasAt(asAliasImpl(alias), *impl, native, true);
   return cache->publish(std::move(alias));

@@ -4,6 +4,8 @@
 // core): native aliases of flagos memory, flagos tensors over native memory,
 // and a per-thread pool of alias TensorImpls so a call makes none.
 
+#include <flagos/Runtime.h>
+
 #include <ATen/Tensor.h>
 #include <c10/core/Storage.h>
 #include <c10/util/MaybeOwned.h>
@@ -46,7 +48,7 @@ void attachAliasCache(c10::TensorImpl& impl);
 // The cached alias of `t`, or nullptr (no cache, or t's metadata changed in
 // place since it was made): the caller then takes a pooled alias. Only for
 // arguments the kernel does not write; the alias is shared between threads.
-const at::Tensor* cachedAlias(const at::Tensor& t, c10::Device native);
+const at::Tensor* cachedAlias(const at::Tensor& t, DeviceRuntime& rt);
 
 // The native alias of a flagos tensor for the scope of a core kernel (the
 // cached one for a read-only argument, else from the pool, back at scope
@@ -55,7 +57,7 @@ class ScopedAlias {
  public:
   ScopedAlias(const at::Tensor& t, c10::Device native, bool written) : original_(t) {
     if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1) {
-      cached_ = written ? nullptr : cachedAlias(t, native);
+      cached_ = written ? nullptr : cachedAlias(t, activeRuntime());
       if (cached_ == nullptr) {
         alias_ = pooledAlias(t, native, &made_);
       }

@@ -20,25 +20,25 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, const c10::A
   if (!t.defined()) {
     return c10::MaybeOwned<at::Tensor>::borrowed(t);
   }
-  if (t.device().type() != c10::DeviceType::PrivateUse1) {
+  const c10::Device d = t.device();
+  if (d.type() != c10::DeviceType::PrivateUse1) {
     foreign_storages.push_back(t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr);
-    const bool scalar = t.dim() == 0 && t.device().is_cpu();
+    const bool scalar = t.dim() == 0 && d.is_cpu();
     if (!scalar && (!in_list || info.exact_device) && !foreign) {
-      foreign.emplace(t.device(), &arg);
+      foreign.emplace(d, &arg);
     }
     return c10::MaybeOwned<at::Tensor>::borrowed(t);
   }
-  noteDevice(t.device(), arg);
-  const c10::Device native = rt.nativeDevice(t.device().index());
+  noteDevice(d, arg);
   if (!isWritten(arg)) {
-    if (const at::Tensor* cached = cachedAlias(t, native)) {
+    if (const at::Tensor* cached = cachedAlias(t, rt)) {
       c10::TensorImpl* impl = cached->unsafeGetTensorImpl();
       aliases.push_back(Alias{at::Tensor(), impl, t.unsafeGetTensorImpl(), impl->unsafe_storage().unsafeGetStorageImpl()});
       return c10::MaybeOwned<at::Tensor>::borrowed(*cached);
     }
   }
   const c10::StorageImpl* made = nullptr;
-  at::Tensor alias = pooledAlias(t, native, &made);
+  at::Tensor alias = pooledAlias(t, rt.nativeDevice(d.index()), &made);
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
   aliases.push_back(Alias{alias, impl, t.unsafeGetTensorImpl(), made});
   return c10::MaybeOwned<at::Tensor>::owned(std::move(alias));

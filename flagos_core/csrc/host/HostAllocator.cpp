@@ -50,10 +50,19 @@ struct HostCachingAllocator::Block {
 
 struct HostCachingAllocator::Pool {
   std::mutex mutex;
-  std::unordered_map<size_t, std::vector<Block*>> free_blocks;
-  // Blocks handed out with the data pointer as context (see allocateOn).
+  // Free blocks by size: below kLargeThreshold one list per 512-byte size
+  // class (an index, no hashing on the hot path), above it a map.
+  std::vector<std::vector<Block*>> small_free = std::vector<std::vector<Block*>>(kLargeThreshold / kSmallRound);
+  std::unordered_map<size_t, std::vector<Block*>> large_free;
+  // Every block this pool holds, by data pointer: changes only when memory
+  // comes from or goes back to the system, and finds the block of a
+  // data-as-context pointer (see allocateOn) when it is freed.
   std::unordered_map<void*, Block*> by_data;
   DeviceStats stats;
+
+  std::vector<Block*>& freeList(size_t size) {
+    return size < kLargeThreshold ? small_free[size / kSmallRound] : large_free[size];
+  }
 
   void releaseLocked(Block* block) {
     update(stats.allocated_bytes, -static_cast<int64_t>(block->size));
@@ -61,7 +70,7 @@ struct HostCachingAllocator::Pool {
     update(stats.requested_bytes, -static_cast<int64_t>(block->requested));
     update(stats.allocation, -1);
     update(stats.active, -1);
-    free_blocks[block->size].push_back(block);
+    freeList(block->size).push_back(block);
   }
 
   void release(Block* block) {
@@ -75,9 +84,7 @@ struct HostCachingAllocator::Pool {
     if (found == by_data.end()) {
       return false;
     }
-    Block* block = found->second;
-    by_data.erase(found);
-    releaseLocked(block);
+    releaseLocked(found->second);
     return true;
   }
 };
@@ -134,14 +141,15 @@ c10::DataPtr HostCachingAllocator::allocateOn(size_t nbytes, c10::DeviceIndex in
   const size_t size = roundSize(nbytes);
   std::lock_guard<std::mutex> lock(pool.mutex);
   Block* block = nullptr;
-  auto found = pool.free_blocks.find(size);
-  if (found != pool.free_blocks.end() && !found->second.empty()) {
-    block = found->second.back();
-    found->second.pop_back();
+  std::vector<Block*>& free_list = pool.freeList(size);
+  if (!free_list.empty()) {
+    block = free_list.back();
+    free_list.pop_back();
   } else {
     void* data = std::aligned_alloc(kAlignment, size);
     TORCH_CHECK(data != nullptr, "flagos: host device out of memory allocating ", size, " bytes");
     block = new Block{data, size, 0, &pool};
+    pool.by_data.emplace(data, block);
     update(pool.stats.reserved_bytes, static_cast<int64_t>(size));
     update(pool.stats.segment, 1);
   }
@@ -152,7 +160,6 @@ c10::DataPtr HostCachingAllocator::allocateOn(size_t nbytes, c10::DeviceIndex in
   update(pool.stats.allocation, 1);
   update(pool.stats.active, 1);
   if (data_as_context) {
-    pool.by_data.emplace(block->data, block);
     return c10::DataPtr(block->data, block->data, &freeBlockByData, label);
   }
   return c10::DataPtr(block->data, block, &freeBlock, label);
@@ -165,15 +172,23 @@ void HostCachingAllocator::copy_data(void* dest, const void* src, std::size_t co
 void HostCachingAllocator::emptyCache(c10::MempoolId_t /*pool*/) {
   for (auto& pool : pools_) {
     std::lock_guard<std::mutex> lock(pool->mutex);
-    for (auto& [size, blocks] : pool->free_blocks) {
+    auto release = [&](std::vector<Block*>& blocks) {
       for (Block* block : blocks) {
+        pool->by_data.erase(block->data);
         std::free(block->data);
         update(pool->stats.reserved_bytes, -static_cast<int64_t>(block->size));
         update(pool->stats.segment, -1);
         delete block;
       }
+      blocks.clear();
+    };
+    for (auto& blocks : pool->small_free) {
+      release(blocks);
     }
-    pool->free_blocks.clear();
+    for (auto& [size, blocks] : pool->large_free) {
+      release(blocks);
+    }
+    pool->large_free.clear();
   }
 }
 
