@@ -1,6 +1,7 @@
 """Host overhead of flagos against the native device, in one process.
 
     python benchmarks/bench_host_overhead.py [--quick] [--json PATH] [--native-only]
+                                             [--threads N] [--clock wall|cpu]
 
 Per op: tiny tensors (16 float32 elements; mm is 64x64) so the kernel is negligible
 and the time is the host path. Plus one tiny-Qwen3 training step. Both sides are
@@ -8,6 +9,15 @@ warmed up, then timed in interleaved blocks (native, flagos, native, ...); the
 table gives the median of each side and the ratio flagos/native. The native
 device is the one flagos runs its kernels on: cpu, or cuda on the cuda runtime.
 --native-only times the native device against itself, to show the noise floor.
+
+Clock: on the host runtime the default is the process's CPU time, with one
+torch intra-op thread and the process pinned to one CPU: other load on the
+machine and a hypervisor's steal time do not count, and autograd's device
+thread (PyTorch runs the backward of any accelerator's tensors on one, so
+flagos's too; CPU tensors' backward runs on the calling thread) shares the
+caller's core and cache instead of being moved to another core. On CUDA,
+wall time around synchronised blocks. --clock wall [--threads N] measures
+unpinned wall time instead.
 """
 
 import argparse
@@ -65,28 +75,28 @@ def op_table(device):
     }
 
 
-def time_calls(fn, device, calls, synchronize):
+def time_calls(fn, device, calls, synchronize, clock):
     """Seconds per call over one block of `calls` back-to-back calls."""
     synchronize(device)
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in itertools.repeat(None, calls):
         fn()
     synchronize(device)
-    return (time.perf_counter() - t0) / calls
+    return (clock() - t0) / calls
 
 
-def bench_ops(native, flagos, calls, rounds, synchronize):
+def bench_ops(native, flagos, calls, rounds, synchronize, clock):
     """[(op, native us, flagos us)] from interleaved blocks, medians per side."""
     ops_native, ops_flagos = op_table(native), op_table(flagos)
     rows = []
     for name in ops_native:
         sides = [(native, ops_native[name]), (flagos, ops_flagos[name])]
         for device, fn in sides:  # warm-up: caches, allocator, lazy init
-            time_calls(fn, device, calls, synchronize)
+            time_calls(fn, device, calls, synchronize, clock)
         samples = [[], []]
         for _ in range(rounds):
             for i, (device, fn) in enumerate(sides):
-                samples[i].append(time_calls(fn, device, calls, synchronize))
+                samples[i].append(time_calls(fn, device, calls, synchronize, clock))
         rows.append((name, statistics.median(samples[0]) * 1e6, statistics.median(samples[1]) * 1e6))
     return rows
 
@@ -94,7 +104,7 @@ def bench_ops(native, flagos, calls, rounds, synchronize):
 # ---------------------------------------------------------------- training step
 
 
-def bench_train(demo, native, flagos, rounds, steps_per_block):
+def bench_train(demo, native, flagos, rounds, steps_per_block, clock):
     """Median seconds per tiny-Qwen3 training step each side, and loss parity."""
     batches = demo.make_batches(steps_per_block * (rounds + 1))
     sides = {}
@@ -102,8 +112,8 @@ def bench_train(demo, native, flagos, rounds, steps_per_block):
         model = demo.build_model(device)
         sides[label] = (model, demo.make_optimizer(model))
     # Warm-up on the same batches both sides: leaves the two sides in the same state.
-    demo.time_training(sides, batches, 1, steps_per_block)
-    timing = demo.time_training(sides, batches, rounds, steps_per_block)
+    demo.time_training(sides, batches, 1, steps_per_block, clock)
+    timing = demo.time_training(sides, batches, rounds, steps_per_block, clock)
     same = timing["native"]["losses"] == timing["flagos"]["losses"]
     return (
         statistics.median(timing["native"]["step_s"]),
@@ -156,9 +166,9 @@ def main(argv=None):
                         help="time the native device against itself (no flagos needed)")
     parser.add_argument("--threads", type=int,
                         help="torch intra-op threads (1 keeps thread-pool wake-ups out of per-op times)")
+    parser.add_argument("--clock", choices=("wall", "cpu"),
+                        help="wall time, or the process's CPU time (default: cpu on host, wall on cuda)")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
     calls, op_rounds = (2000, 5) if args.quick else (5000, 9)
     train_rounds, steps_per_block = (3, 2) if args.quick else (5, 5)
@@ -170,16 +180,24 @@ def main(argv=None):
         runtime = demo.flagos_runtime_name()
         native, flagos = demo.native_device_for(runtime), torch.device("flagos")
     op_target = OP_TARGET_CUDA if runtime == "cuda" else OP_TARGET
+    clock_name = args.clock or ("wall" if native.type == "cuda" else "cpu")
+    if clock_name == "cpu":
+        # Threads made from here on (autograd's device thread) inherit the pin.
+        os.sched_setaffinity(0, {os.sched_getaffinity(0).pop()})
+        torch.set_num_threads(1)
+    elif args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.process_time if clock_name == "cpu" else time.perf_counter
 
     rows = []
-    for name, t_native, t_flagos in bench_ops(native, flagos, calls, op_rounds, demo.synchronize):
+    for name, t_native, t_flagos in bench_ops(native, flagos, calls, op_rounds, demo.synchronize, clock):
         rows.append({"name": name, "unit": "us/op", "native": t_native, "flagos": t_flagos,
                      "ratio": t_flagos / t_native, "target": op_target})
     losses_equal = None
     # A native CUDA backward cannot run in a process that registered flagos
     # (native_side.py says why): on cuda, training is bench_qwen3_cuda.py's.
     if native.type != "cuda":
-        s_native, s_flagos, losses_equal = bench_train(demo, native, flagos, train_rounds, steps_per_block)
+        s_native, s_flagos, losses_equal = bench_train(demo, native, flagos, train_rounds, steps_per_block, clock)
         rows.append({"name": "tiny Qwen3 train step", "unit": "ms/step", "native": s_native * 1e3,
                      "flagos": s_flagos * 1e3, "ratio": s_flagos / s_native, "target": TRAIN_TARGET})
 
@@ -189,7 +207,7 @@ def main(argv=None):
         "runtime": runtime,
         "native_device": str(native),
         "machine": machine_info(native),
-        "settings": {"calls_per_block": calls, "op_rounds": op_rounds,
+        "settings": {"clock": clock_name, "calls_per_block": calls, "op_rounds": op_rounds,
                      "train_rounds": train_rounds, "steps_per_block": steps_per_block},
         "train_losses_equal": losses_equal,
         "rows": rows,
@@ -201,7 +219,8 @@ def main(argv=None):
     m = result["machine"]
     print(f"{result['date']}  torch {m['torch']}  {m.get('gpu', m['cpu'])}")
     print(f"runtime {runtime}, native {native}; {op_rounds} rounds x {calls} calls per op, "
-          f"{train_rounds} rounds x {steps_per_block} train steps; medians of interleaved blocks")
+          f"{train_rounds} rounds x {steps_per_block} train steps; medians of interleaved blocks; "
+          f"{clock_name} clock" + (", pinned to one CPU" if clock_name == "cpu" else ""))
     print(f"training losses bitwise equal: {'n/a' if losses_equal is None else 'yes' if losses_equal else 'NO'};  "
           f"load average {m['load_average_1min']:.1f} on {m['cpu_count']} CPUs, "
           f"{m['torch_threads']} torch threads")

@@ -140,12 +140,13 @@ def params_equal(model_a, model_b):
     ]
 
 
-def time_training(sides, batches, rounds, steps_per_block):
+def time_training(sides, batches, rounds, steps_per_block, clock=time.perf_counter):
     """Interleaved timing: for each round, a block of steps per side in turn.
 
     sides: {label: (model, optimizer)}. Every side sees the same batches in the
     same order, so the losses stay comparable. Returns
     {label: {"step_s": [median-per-block seconds per step, ...], "losses": [...]}}.
+    `clock` reads seconds (wall time by default).
     """
     result = {label: {"step_s": [], "losses": []} for label in sides}
     it = 0
@@ -155,10 +156,10 @@ def time_training(sides, batches, rounds, steps_per_block):
         for label, (model, opt) in sides.items():
             device = next(model.parameters()).device
             synchronize(device)
-            t0 = time.perf_counter()
+            t0 = clock()
             losses = train_steps(model, opt, block)
             synchronize(device)
-            result[label]["step_s"].append((time.perf_counter() - t0) / steps_per_block)
+            result[label]["step_s"].append((clock() - t0) / steps_per_block)
             result[label]["losses"] += losses
     return result
 

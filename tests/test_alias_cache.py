@@ -113,3 +113,26 @@ def test_threads_make_the_first_read_together(threads):
         results.append(all(torch.equal(out[i], cpu @ cpu + i) for i in range(threads)))
     assert not errors
     assert all(results)
+
+
+def test_written_arguments_that_change_shape_stay_in_step():
+    cpu, dev = _pair(6)
+    out_cpu, out_dev = torch.zeros(2), torch.zeros(2, device="flagos")
+    _check(out_dev + 0, out_cpu + 0)  # the out tensor's alias is made
+    out_cpu.resize_(0)  # as PyTorch asks before an out= that changes the shape
+    out_dev.resize_(0)
+    torch.add(cpu, 1, out=out_cpu)  # out= resizes its argument
+    torch.add(dev, 1, out=out_dev)
+    assert out_dev.shape == out_cpu.shape
+    _check(out_dev * 2, out_cpu * 2)
+    out_cpu.resize_(2, 3)
+    out_dev.resize_(2, 3)  # within the storage: metadata only
+    _check(out_dev.sum(1), out_cpu.sum(1))
+    out_cpu.add_(out_cpu)
+    out_dev.add_(out_dev)  # read and written in one call
+    _check(out_dev + 0, out_cpu + 0)
+    out_cpu.resize_(0)
+    out_dev.resize_(0)
+    torch.cat([cpu, cpu], out=out_cpu)
+    torch.cat([dev, dev], out=out_dev)  # grows past the storage
+    _check(out_dev - 1, out_cpu - 1)

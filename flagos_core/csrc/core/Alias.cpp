@@ -5,6 +5,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <atomic>
+#include <typeinfo>
 #include <vector>
 
 namespace flagos::detail {
@@ -219,7 +220,10 @@ class AliasCache final : public c10::BackendMeta {
     }
     c10::intrusive_ptr<c10::TensorImpl> impl = std::move(alias_).unsafeReleaseIntrusivePtr();
     c10::StorageImpl* s = impl->unsafe_storage().unsafeGetStorageImpl();
-    if (impl.use_count() == 1 && impl.weak_use_count() == 1 && impl->unsafe_storage().use_count() == 1) {
+    // Back to the pool only as made: an AliasImpl, held by nobody else, still
+    // over the flagos memory (a kernel may have re-pointed or resized it).
+    if (impl.use_count() == 1 && impl.weak_use_count() == 1 && impl->unsafe_storage().use_count() == 1 &&
+        s->data_ptr().get_deleter() == &releaseFlagosStorage && typeid(*impl) == typeid(AliasImpl)) {
       const c10::Device native = s->data_ptr().device();
       s->set_data_ptr_noswap(c10::DataPtr(nullptr, native)); // drops the flagos storage reference
       giveAlias(std::move(impl), native);

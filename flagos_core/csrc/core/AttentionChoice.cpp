@@ -33,15 +33,15 @@ int64_t nativeSdpChoice(
     guard.reset_device(query.device()); // the choice reads the current device's properties
   }
   const c10::Device native = rt.nativeDevice(query.device().index());
-  const detail::ScopedAlias q(query, native, false);
-  const detail::ScopedAlias k(key, native, false);
-  const detail::ScopedAlias v(value, native, false);
+  const detail::ScopedAlias q(query, native);
+  const detail::ScopedAlias k(key, native);
+  const detail::ScopedAlias v(value, native);
   const c10::DispatchKeySet keys(rt.nativeDispatchKey());
   if (!attn_mask.has_value()) {
     return at::_ops::_fused_sdp_choice::redispatch(
         keys, q.get(), k.get(), v.get(), std::nullopt, dropout_p, is_causal, scale, enable_gqa);
   }
-  const detail::ScopedAlias m(*attn_mask, native, false);
+  const detail::ScopedAlias m(*attn_mask, native);
   return at::_ops::_fused_sdp_choice::redispatch(
       keys, q.get(), k.get(), v.get(), m.get(), dropout_p, is_causal, scale, enable_gqa);
 }

@@ -79,8 +79,8 @@ at::Tensor& copyInPlace(at::Tensor& self, const at::Tensor& src, bool non_blocki
   if (rt.getDevice() != device) {
     guard.reset_device(device);
   }
-  const detail::ScopedAlias dst(self, rt.nativeDevice(self.device().index()), true);
-  const detail::ScopedAlias from(src, rt.nativeDevice(src.device().index()), false);
+  const detail::ScopedAlias dst(self, rt.nativeDevice(self.device().index()));
+  const detail::ScopedAlias from(src, rt.nativeDevice(src.device().index()));
   at::_ops::copy_::redispatch(
       c10::DispatchKeySet(rt.nativeDispatchKey()), const_cast<at::Tensor&>(dst.get()), from.get(), non_blocking);
   return self;

@@ -30,12 +30,10 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, const c10::A
     return c10::MaybeOwned<at::Tensor>::borrowed(t);
   }
   noteDevice(d, arg);
-  if (!isWritten(arg)) {
-    if (const at::Tensor* cached = cachedAlias(t, rt)) {
-      c10::TensorImpl* impl = cached->unsafeGetTensorImpl();
-      aliases.push_back(Alias{at::Tensor(), impl, t.unsafeGetTensorImpl(), impl->unsafe_storage().unsafeGetStorageImpl()});
-      return c10::MaybeOwned<at::Tensor>::borrowed(*cached);
-    }
+  if (const at::Tensor* cached = cachedAlias(t, rt)) {
+    c10::TensorImpl* impl = cached->unsafeGetTensorImpl();
+    aliases.push_back(Alias{at::Tensor(), impl, t.unsafeGetTensorImpl(), impl->unsafe_storage().unsafeGetStorageImpl()});
+    return c10::MaybeOwned<at::Tensor>::borrowed(*cached);
   }
   const c10::StorageImpl* made = nullptr;
   at::Tensor alias = pooledAlias(t, rt.nativeDevice(d.index()), &made);

@@ -30,12 +30,6 @@ struct Alias {
   const c10::StorageImpl* native_storage; // as made, before the kernel ran
 };
 
-// Whether the op may write argument `arg` (in-place self, out=): such an
-// argument gets an alias of its own for the call, never the shared cached one.
-inline bool isWritten(const c10::Argument& arg) {
-  return arg.alias_info() != nullptr && arg.alias_info()->isWrite();
-}
-
 [[noreturn]] void mixedDevices(
     const c10::Device& a,
     const c10::Device& b,
@@ -95,9 +89,7 @@ struct CallState {
   // of an alias over to its flagos tensor.
   void writeBackAll(c10::DeviceIndex index) {
     for (const Alias& a : aliases) {
-      if (a.pooled.defined()) { // a cached alias is never written
-        writeBack(a, index);
-      }
+      writeBack(a, index);
     }
   }
 

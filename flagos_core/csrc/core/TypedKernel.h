@@ -60,7 +60,7 @@ struct Arg<at::Tensor&> {
     return s.toAlias(t, a, false);
   }
   static at::Tensor& pass(Held& h) {
-    return const_cast<at::Tensor&>(*h); // written: a pooled alias of the call's own
+    return const_cast<at::Tensor&>(*h); // an alias the core owns (cached or pooled)
   }
 };
 
