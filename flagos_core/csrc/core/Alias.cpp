@@ -55,12 +55,14 @@ class AliasImpl final : public c10::TensorImpl {
     sizes_and_strides_ = from.*kSizesAndStrides;
     storage_offset_ = from.*kStorageOffset;
     numel_ = from.*kNumel;
-    is_contiguous_ = from.is_contiguous();
-    is_channels_last_contiguous_ = from.is_contiguous(c10::MemoryFormat::ChannelsLast);
-    is_channels_last_3d_contiguous_ = from.is_contiguous(c10::MemoryFormat::ChannelsLast3d);
-    is_channels_last_ = from.is_strides_like(c10::MemoryFormat::ChannelsLast);
-    is_channels_last_3d_ = from.is_strides_like(c10::MemoryFormat::ChannelsLast3d);
-    is_non_overlapping_and_dense_ = from.is_non_overlapping_and_dense();
+    // The *_default readers: the stored flags (flagos tensors have no custom
+    // size/stride policy, and symbolic ones took the branch above).
+    is_contiguous_ = from.is_contiguous_default(c10::MemoryFormat::Contiguous);
+    is_channels_last_contiguous_ = from.is_contiguous_default(c10::MemoryFormat::ChannelsLast);
+    is_channels_last_3d_contiguous_ = from.is_contiguous_default(c10::MemoryFormat::ChannelsLast3d);
+    is_channels_last_ = from.is_strides_like_default(c10::MemoryFormat::ChannelsLast);
+    is_channels_last_3d_ = from.is_strides_like_default(c10::MemoryFormat::ChannelsLast3d);
+    is_non_overlapping_and_dense_ = from.is_non_overlapping_and_dense_default();
   }
 
   bool hasGeometryOf(const c10::TensorImpl& from) const {

@@ -38,8 +38,10 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, const c10::A
   const c10::StorageImpl* made = nullptr;
   at::Tensor alias = pooledAlias(t, rt.nativeDevice(d.index()), &made);
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
-  aliases.push_back(Alias{alias, impl, t.unsafeGetTensorImpl(), made});
-  return c10::MaybeOwned<at::Tensor>::owned(std::move(alias));
+  aliases.push_back(Alias{std::move(alias), impl, t.unsafeGetTensorImpl(), made});
+  // A borrow copies the TensorImpl pointer, not a reference to the vector's
+  // element, so it stays valid if `aliases` grows; the entry owns the alias.
+  return c10::MaybeOwned<at::Tensor>::borrowed(aliases.back().pooled);
 }
 
 void CallState::writeBack(const Alias& a, c10::DeviceIndex index) {

@@ -36,6 +36,14 @@ struct Alias {
     const c10::OperatorHandle& op,
     const c10::Argument& arg);
 
+// The dispatch key set of the active runtime's native kernels. The runtime
+// is fixed before the first flagos operation (activateRuntime), so the set is
+// computed on the first call and kept.
+inline c10::DispatchKeySet nativeKeys(DeviceRuntime& rt) {
+  static const c10::DispatchKeySet keys(rt.nativeDispatchKey());
+  return keys;
+}
+
 struct CallState {
   const c10::OperatorHandle& op;
   const OpSlotInfo& info;

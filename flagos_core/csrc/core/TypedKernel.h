@@ -175,7 +175,7 @@ struct Kernel<Op, R(A...)> {
     }
     DeviceRuntime& rt = activeRuntime();
     if (sc.info.metadata_only) {
-      return Op::redispatch(c10::DispatchKeySet(rt.nativeDispatchKey()), std::forward<A>(args)...);
+      return Op::redispatch(detail::nativeKeys(rt), std::forward<A>(args)...);
     }
     CallState state(*sc.op, sc.info, rt);
     return run(state, *provider, std::index_sequence_for<A...>{}, std::forward<A>(args)...);
@@ -191,7 +191,7 @@ struct Kernel<Op, R(A...)> {
     const c10::DeviceIndex index = state.settleDevice(guard);
     auto native = [&]() -> decltype(auto) {
       NativeScope scope(provider, index);
-      return Op::redispatch(c10::DispatchKeySet(state.rt.nativeDispatchKey()), Arg<A>::pass(std::get<I>(held))...);
+      return Op::redispatch(detail::nativeKeys(state.rt), Arg<A>::pass(std::get<I>(held))...);
     };
     if constexpr (std::is_void_v<R> || std::is_same_v<R, at::Tensor&>) {
       native();
