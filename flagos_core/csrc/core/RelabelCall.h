@@ -86,11 +86,20 @@ struct CallState {
     if (foreign && device) {
       mixedDevices(*device, foreign->first, op, *foreign->second);
     }
+    if (device && singleDevice()) {
+      return device->index(); // the only device is the current one: no query (cudaGetDevice on CUDA)
+    }
     const c10::DeviceIndex current = rt.getDevice().index();
     if (device && device->index() != current) {
       guard.reset_device(*device);
     }
     return device ? device->index() : current;
+  }
+
+  // The device count is fixed for the process (the runtime is chosen once).
+  bool singleDevice() const {
+    static const bool single = rt.deviceCount() == 1;
+    return single;
   }
 
   // For written arguments (in-place, out=): carry a resize or re-pointing
