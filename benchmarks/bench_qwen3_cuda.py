@@ -5,13 +5,17 @@ eager), peak memory of a training step. Blocks alternate between the sides,
 medians, ratios; exactness rides along (same seed and data on both sides).
 
 Native training runs in a helper process (native_side.py says why); decode
-runs both sides in this process.
+runs both sides in this process. Both processes are pinned to the same two
+CPUs (the helper inherits the pin): the host-bound rows otherwise depend on
+which cores the scheduler gives each process on a shared machine, which moved
+the 1 x 128 ratio by 10% between runs with no code change.
 
-    python benchmarks/bench_qwen3_cuda.py [--rounds 3] [--json PATH]
+    python benchmarks/bench_qwen3_cuda.py [--rounds 5] [--json PATH] [--no-pin]
 """
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -96,9 +100,14 @@ def bench_decode_graphed(rounds, new_tokens):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json")
+    parser.add_argument("--no-pin", action="store_true", help="leave CPU placement to the scheduler")
     args = parser.parse_args()
+    if not args.no_pin:
+        cpus = sorted(os.sched_getaffinity(0))[:2]
+        os.sched_setaffinity(0, cpus)  # before the native helper starts: it inherits the pin
+        print(f"pinned to CPUs {cpus}")
     assert flagos_core.runtime()["name"] == "cuda", "flagos is not on the cuda runtime here"
     rows = []
     native = NativeSide()
