@@ -108,38 +108,58 @@ AliasImpl& asAliasImpl(const at::Tensor& alias) {
 // pointer, which is never read and whose deleter does nothing.
 class AliasPool {
  public:
-  at::Tensor take(c10::Device native) {
-    auto& list = freeList(native);
-    if (list.empty()) {
-      c10::Storage storage(c10::make_intrusive<c10::StorageImpl>(
-          c10::StorageImpl::use_byte_size_t(), 0, c10::DataPtr(nullptr, native), c10::GetAllocator(native.type()),
-          false));
-      return at::Tensor(c10::make_intrusive<AliasImpl>(std::move(storage), keysFor(native)));
+  AliasPool() = default;
+  AliasPool(const AliasPool&) = delete;
+  AliasPool& operator=(const AliasPool&) = delete;
+  ~AliasPool() {
+    for (auto& entry : lists_) {
+      for (c10::TensorImpl* impl : entry.second) {
+        c10::raw::intrusive_ptr::decref(impl);
+      }
     }
-    at::Tensor t(std::move(list.back()));
+  }
+
+  static at::Tensor fresh(c10::Device native) {
+    c10::Storage storage(c10::make_intrusive<c10::StorageImpl>(
+        c10::StorageImpl::use_byte_size_t(), 0, c10::DataPtr(nullptr, native), c10::GetAllocator(native.type()),
+        false));
+    return at::Tensor(c10::make_intrusive<AliasImpl>(std::move(storage), keysFor(native)));
+  }
+
+  at::Tensor take(c10::Device native) {
+    std::vector<c10::TensorImpl*>& list = freeList(native);
+    if (C10_UNLIKELY(list.empty())) {
+      return fresh(native);
+    }
+    c10::TensorImpl* impl = list.back();
     list.pop_back();
-    return t;
+    return at::Tensor(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>::reclaim(impl));
   }
 
   void give(c10::intrusive_ptr<c10::TensorImpl> impl, c10::Device native) {
-    auto& list = freeList(native);
+    std::vector<c10::TensorImpl*>& list = freeList(native);
     if (list.size() < kMaxPerDevice) {
-      list.push_back(std::move(impl));
+      list.push_back(impl.release()); // the pool holds the one reference
     }
   }
 
  private:
   static constexpr size_t kMaxPerDevice = 64;
-  std::vector<c10::intrusive_ptr<c10::TensorImpl>>& freeList(c10::Device native) {
+  // Nearly always one native device per process: check the first list first.
+  std::vector<c10::TensorImpl*>& freeList(c10::Device native) {
+    if (C10_LIKELY(!lists_.empty() && lists_[0].first == native)) {
+      return lists_[0].second;
+    }
     for (auto& entry : lists_) {
       if (entry.first == native) {
         return entry.second;
       }
     }
-    lists_.emplace_back(native, std::vector<c10::intrusive_ptr<c10::TensorImpl>>());
+    lists_.emplace_back(native, std::vector<c10::TensorImpl*>());
+    lists_.back().second.reserve(kMaxPerDevice);
     return lists_.back().second;
   }
-  c10::SmallVector<std::pair<c10::Device, std::vector<c10::intrusive_ptr<c10::TensorImpl>>>, 2> lists_;
+  c10::SmallVector<std::pair<c10::Device, std::vector<c10::TensorImpl*>>, 2> lists_;
 };
 
 // This thread's pool, made on first use. The slot is trivially destructible
@@ -174,8 +194,10 @@ AliasPool* threadPool() {
 }
 
 at::Tensor takeAlias(c10::Device native) {
-  AliasPool* pool = threadPool();
-  return pool ? pool->take(native) : AliasPool().take(native);
+  if (AliasPool* pool = threadPool()) {
+    return pool->take(native);
+  }
+  return AliasPool::fresh(native);
 }
 
 void giveAlias(c10::intrusive_ptr<c10::TensorImpl> impl, c10::Device native) {
