@@ -352,11 +352,12 @@ void attachAliasCache(c10::TensorImpl& impl) {
 
 const at::Tensor* cachedAlias(const at::Tensor& t, DeviceRuntime& rt) {
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  // Backend metadata on a flagos tensor is only ever the core's.
-  auto* cache = static_cast<AliasCache*>(impl->get_backend_meta());
-  if (cache == nullptr) {
+  c10::BackendMeta* meta = impl->get_backend_meta();
+  // Someone else's backend metadata (a plugin may attach its own): no cache.
+  if (meta == nullptr || typeid(*meta) != typeid(AliasCache)) {
     return nullptr;
   }
+  auto* cache = static_cast<AliasCache*>(meta);
   if (const at::Tensor* alias = cache->ready()) {
     const AliasImpl& a = asAliasImpl(*alias);
     const c10::StorageImpl* as = a.unsafe_storage().unsafeGetStorageImpl();
