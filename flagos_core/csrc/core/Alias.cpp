@@ -206,18 +206,14 @@ void giveAlias(c10::intrusive_ptr<c10::TensorImpl> impl, c10::Device native) {
   }
 }
 
-bool sameGeometry(const c10::TensorImpl& a, const c10::TensorImpl& b) {
-  const c10::IntArrayRef as = a.sizes(), bs = b.sizes();
-  if (as.size() != bs.size() || a.storage_offset() != b.storage_offset()) {
-    return false;
+// The conjugate and negative bits (dispatch keys, not geometry).
+void copyMathBits(const c10::TensorImpl& from, c10::TensorImpl& to) {
+  if (from.is_conj() != to.is_conj()) {
+    to._set_conj(from.is_conj());
   }
-  const c10::IntArrayRef ast = a.strides(), bst = b.strides();
-  for (size_t d = 0; d < as.size(); ++d) {
-    if (as[d] != bs[d] || ast[d] != bst[d]) {
-      return false;
-    }
+  if (from.is_neg() != to.is_neg()) {
+    to._set_neg(from.is_neg());
   }
-  return true;
 }
 
 // A flagos tensor's native alias, made once and shared by every read of the
@@ -272,12 +268,7 @@ void pointAliasAt(AliasImpl& alias, const c10::TensorImpl& t, c10::Device native
   }
   alias.setDtype(t.dtype());
   alias.takeGeometryOf(t);
-  if (alias.is_conj() != t.is_conj()) {
-    alias._set_conj(t.is_conj());
-  }
-  if (alias.is_neg() != t.is_neg()) {
-    alias._set_neg(t.is_neg());
-  }
+  copyMathBits(t, alias);
 }
 
 } // namespace
@@ -319,17 +310,9 @@ c10::DispatchKeySet keysFor(c10::Device device) {
 }
 
 void copyGeometry(const c10::TensorImpl& from, c10::TensorImpl& to) {
-  // A pooled alias often has the geometry already (the pool is last-in
-  // first-out); setting it again would recompute contiguity for nothing.
-  if (!sameGeometry(from, to)) {
-    to.set_sizes_and_strides(from.sizes(), from.strides(), from.storage_offset());
-  }
-  if (from.is_conj() != to.is_conj()) {
-    to._set_conj(from.is_conj());
-  }
-  if (from.is_neg() != to.is_neg()) {
-    to._set_neg(from.is_neg());
-  }
+  // Only fresh TensorImpls come here (pooled aliases take AliasImpl's copy).
+  to.set_sizes_and_strides(from.sizes(), from.strides(), from.storage_offset());
+  copyMathBits(from, to);
 }
 
 at::Tensor flagosTensorOver(c10::Storage storage, const at::Tensor& geometry) {

@@ -6,6 +6,7 @@
 #include <flagos/Runtime.h>
 
 #include "core/Alias.h"
+#include "core/RelabelCall.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/ATen.h>
@@ -82,7 +83,7 @@ at::Tensor& copyInPlace(at::Tensor& self, const at::Tensor& src, bool non_blocki
   const detail::ScopedAlias dst(self, rt.nativeDevice(self.device().index()));
   const detail::ScopedAlias from(src, rt.nativeDevice(src.device().index()));
   at::_ops::copy_::redispatch(
-      c10::DispatchKeySet(rt.nativeDispatchKey()), const_cast<at::Tensor&>(dst.get()), from.get(), non_blocking);
+      detail::nativeKeys(rt), const_cast<at::Tensor&>(dst.get()), from.get(), non_blocking);
   return self;
 }
 

@@ -59,7 +59,7 @@ void RelabelProvider::call(
     const OpSlotInfo& info) {
   DeviceRuntime& rt = activeRuntime();
   if (info.metadata_only) {
-    op.redispatchBoxed(c10::DispatchKeySet(rt.nativeDispatchKey()), stack);
+    op.redispatchBoxed(detail::nativeKeys(rt), stack);
     return;
   }
   const auto& schema = op.schema();
@@ -121,7 +121,7 @@ void RelabelProvider::call(
   }
   {
     NativeScope scope(*this, index);
-    op.redispatchBoxed(c10::DispatchKeySet(rt.nativeDispatchKey()), stack);
+    op.redispatchBoxed(detail::nativeKeys(rt), stack);
   }
 
   if (info.writes) {
