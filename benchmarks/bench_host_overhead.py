@@ -59,12 +59,15 @@ def load_demo():
 # ---------------------------------------------------------------- per-op
 
 
-def op_table(device):
-    """name -> zero-argument callable running that op on `device`."""
+def op_table(device, gpu=False):
+    """name -> zero-argument callable running that op on `device`. With gpu,
+    also a Qwen3-0.6B decode-shaped bf16 linear (one token through a
+    3072x1024 weight made like a model's parameter): cuBLAS's host path, the
+    heaviest op of an eager decode step."""
     a = torch.randn(16, device=device)
     b = torch.randn(16, device=device)
     m = torch.randn(64, 64, device=device)
-    return {
+    table = {
         "add": lambda: torch.add(a, b),
         "mul": lambda: torch.mul(a, b),
         "view": lambda: a.view(4, 4),
@@ -73,6 +76,11 @@ def op_table(device):
         "sum": lambda: a.sum(),
         "softmax": lambda: torch.softmax(a, dim=0),
     }
+    if gpu:
+        x = torch.randn(1, 1, 1024, dtype=torch.bfloat16).to(device)
+        w = torch.randn(3072, 1024, dtype=torch.bfloat16).to(device)
+        table["linear bf16"] = lambda: torch.nn.functional.linear(x, w)
+    return table
 
 
 def time_calls(fn, device, calls, synchronize, clock):
@@ -87,7 +95,8 @@ def time_calls(fn, device, calls, synchronize, clock):
 
 def bench_ops(native, flagos, calls, rounds, synchronize, clock):
     """[(op, native us, flagos us)] from interleaved blocks, medians per side."""
-    ops_native, ops_flagos = op_table(native), op_table(flagos)
+    gpu = torch.device(native).type == "cuda"
+    ops_native, ops_flagos = op_table(native, gpu), op_table(flagos, gpu)
     rows = []
     for name in ops_native:
         sides = [(native, ops_native[name]), (flagos, ops_flagos[name])]
