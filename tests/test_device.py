@@ -102,3 +102,25 @@ def test_module_and_tensor_methods():
     assert torch.ones(2).flagos().device.type == "flagos"
     s = torch.ones(2).untyped_storage().flagos()
     assert s.device.type == "flagos"
+
+
+def test_device_index_out_of_range_names_the_valid_devices():
+    count = torch.flagos.device_count()
+    bad = count + 3
+    valid = f"flagos:0 to flagos:{count - 1}"
+    for what, call in (
+        ("set_device", lambda: torch.flagos.set_device(bad)),
+        ("current_stream", lambda: torch.flagos.current_stream(bad)),
+        ("Stream", lambda: torch.flagos.Stream(device=bad)),
+    ):
+        try:
+            call()
+        except RuntimeError as e:
+            assert f"flagos:{bad} is not a valid device" in str(e) and valid in str(e), (what, str(e))
+        else:
+            raise AssertionError(f"{what}({bad}) did not raise")
+    # Valid indices still work, and the current stream round-trips.
+    s = torch.flagos.Stream(device=count - 1)
+    with torch.flagos.stream(s):
+        assert torch.flagos.current_stream(count - 1) == s
+    assert torch.flagos.current_stream(count - 1) != s

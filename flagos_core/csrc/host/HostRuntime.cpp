@@ -17,8 +17,10 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -28,8 +30,12 @@ namespace {
 thread_local c10::DeviceIndex t_current_device = 0;
 // Device whose memory CPU allocations go to while a host kernel runs; -1: none.
 thread_local c10::DeviceIndex t_redirect_device = -1;
-// Current stream id per device, per thread (0: the default stream).
-thread_local std::vector<c10::StreamId> t_streams;
+// Current stream id per device, per thread (0: the default stream). A
+// fixed array: the autograd engine reads and swaps streams around every
+// backward node, and a plain array needs no thread-local initialisation
+// check per access.
+constexpr size_t kMaxDevices = static_cast<size_t>(std::numeric_limits<c10::DeviceIndex>::max()) + 1;
+thread_local std::array<c10::StreamId, kMaxDevices> t_streams{};
 
 struct HostEvent {
   std::chrono::steady_clock::time_point when;
@@ -138,7 +144,9 @@ class HostRuntime final : public DeviceRuntime {
   }
   void setDevice(c10::Device d) const override {
     TORCH_CHECK(d.type() == c10::DeviceType::PrivateUse1, "flagos: not a flagos device: ", d);
-    checkIndex(d.index());
+    if (C10_UNLIKELY(d.index() < 0 || d.index() >= devices_)) {
+      checkIndex(d.index()); // throws, naming the valid devices
+    }
     t_current_device = d.index();
   }
   void uncheckedSetDevice(c10::Device d) const noexcept override {
@@ -153,7 +161,8 @@ class HostRuntime final : public DeviceRuntime {
   // Streams. Host work runs synchronously in issue order, so every stream
   // is always complete; ids still distinguish streams.
   c10::Stream getStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::UNSAFE, normalize(d), currentStreamId(normalize(d).index()));
+    const c10::Device device = normalize(d);
+    return c10::Stream(c10::Stream::UNSAFE, device, t_streams[device.index()]);
   }
   c10::Stream getDefaultStream(c10::Device d) const override {
     return c10::Stream(c10::Stream::DEFAULT, normalize(d));
@@ -166,8 +175,10 @@ class HostRuntime final : public DeviceRuntime {
     return c10::Stream(c10::Stream::UNSAFE, device, next_stream_[device.index()].fetch_add(1));
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
-    const c10::Stream old = getStream(s.device());
-    streamSlot(s.device_index()) = s.id();
+    const c10::Device device = normalize(s.device());
+    c10::StreamId& slot = t_streams[device.index()];
+    const c10::Stream old(c10::Stream::UNSAFE, device, slot);
+    slot = s.id();
     return old;
   }
   bool queryStream(const c10::Stream&) const override {
@@ -204,17 +215,10 @@ class HostRuntime final : public DeviceRuntime {
  private:
   c10::Device normalize(c10::Device d) const {
     const c10::DeviceIndex index = d.has_index() ? d.index() : t_current_device;
-    checkIndex(index);
-    return c10::Device(c10::DeviceType::PrivateUse1, index);
-  }
-  c10::StreamId& streamSlot(c10::DeviceIndex index) const {
-    if (t_streams.size() < static_cast<size_t>(devices_)) {
-      t_streams.resize(devices_, 0);
+    if (C10_UNLIKELY(index < 0 || index >= devices_)) {
+      checkIndex(index); // throws, naming the valid devices
     }
-    return t_streams[index];
-  }
-  c10::StreamId currentStreamId(c10::DeviceIndex index) const {
-    return streamSlot(index);
+    return c10::Device(c10::DeviceType::PrivateUse1, index);
   }
 
   c10::DeviceIndex devices_;
