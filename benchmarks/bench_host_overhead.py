@@ -12,12 +12,11 @@ device is the one flagos runs its kernels on: cpu, or cuda on the cuda runtime.
 
 Clock: on the host runtime the default is the process's CPU time, with one
 torch intra-op thread and the process pinned to one CPU: other load on the
-machine and a hypervisor's steal time do not count, and autograd's device
-thread (PyTorch runs the backward of any accelerator's tensors on one, so
-flagos's too; CPU tensors' backward runs on the calling thread) shares the
-caller's core and cache instead of being moved to another core. On CUDA,
-wall time around synchronised blocks. --clock wall [--threads N] measures
-unpinned wall time instead.
+machine and a hypervisor's steal time do not count. On CUDA, wall time
+around synchronised blocks. --clock wall [--threads N] measures unpinned
+wall time instead. Both sides share this process, so whatever flagos does to
+the whole process slows the native side too: bench_train_solo.py runs each
+side alone.
 """
 
 import argparse
