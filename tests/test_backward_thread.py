@@ -2,6 +2,8 @@
 backward does (HostRuntime.cpp says why: a second OpenMP team on autograd's
 worker thread oversubscribed the cores)."""
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -55,3 +57,20 @@ def test_multithreading_can_be_turned_back_on():
     assert len(ran_on) == 1 and ran_on[0] != threading.get_ident()
     assert x.grad is not None
     assert not torch.autograd.is_multithreading_enabled()  # the context restored the host default
+
+
+def test_a_choice_made_after_import_stands_on_the_importing_thread():
+    # A fresh process, so that the choice comes before the thread's first
+    # flagos op: the host runtime set its default at import, and later ops
+    # do not undo what the program chose after that.
+    code = (
+        "import threading, torch\n"
+        "torch.autograd.set_multithreading_enabled(True)\n"
+        "x = torch.randn(8, device='flagos', requires_grad=True)\n"
+        "ran_on = []\n"
+        "x.register_hook(lambda g: ran_on.append(threading.get_ident()))\n"
+        "(x.sin() * x).sum().backward()\n"
+        "print(ran_on[0] != threading.get_ident(), torch.autograd.is_multithreading_enabled())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr

@@ -233,9 +233,10 @@ class HostRuntime final : public DeviceRuntime {
 // the host runtime that thread runs CPU kernels, and every thread that
 // enters an OpenMP parallel region gets a team of its own: the caller's team
 // and the worker's oversubscribe the cores (a tiny-Qwen3 training step took
-// 1.5 to 2.2x CPU's time on 2 cores, 2 torch threads). CPU's backward runs
-// on the calling thread; so does the host runtime's: a thread's first host
-// kernel turns autograd multithreading off for that thread, once
+// 1.5 to 3x CPU's time on 2 cores, 2 torch threads). CPU's backward runs
+// on the calling thread; so does the host runtime's: autograd multithreading
+// is turned off once per thread, for the importing thread on activation and
+// for any other at its first host kernel
 // (torch.autograd.set_multithreading_enabled(True) turns it back on).
 thread_local bool t_backward_on_caller = false;
 
@@ -281,6 +282,9 @@ void activateHostRuntime(c10::DeviceIndex devices) {
   activateRuntime(runtime);
   registerProvider(std::make_shared<HostProvider>());
   setDefaultProvider("host");
+  // The importing thread from the start, so that a choice its code makes
+  // after `import torch` stands; other threads at their first host kernel.
+  runBackwardOnCallingThread();
 }
 
 } // namespace flagos::host
