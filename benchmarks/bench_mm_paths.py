@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_host_overhead import load_demo  # noqa: E402
+from bench_host_overhead import load_demo, time_calls  # noqa: E402
 
 
 def cases(device):
@@ -50,12 +50,7 @@ def cases(device):
 
 
 def per_call_us(fn, device, calls, synchronize):
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    synchronize(device)
-    return (time.perf_counter() - start) / calls * 1e6
+    return time_calls(fn, device, calls, synchronize, time.perf_counter) * 1e6
 
 
 def main(argv=None):

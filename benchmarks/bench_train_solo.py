@@ -27,8 +27,8 @@ device, blocks, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 if threads > 0:
     torch.set_num_threads(threads)
 batches = demo.make_batches(8)
-sides = {device: (demo.build_model(torch.device(device)), None)}
-sides[device] = (sides[device][0], demo.make_optimizer(sides[device][0]))
+model = demo.build_model(torch.device(device))
+sides = {device: (model, demo.make_optimizer(model))}
 demo.time_training(sides, batches, 1, 5, time.perf_counter)  # warm-up
 timing = demo.time_training(sides, batches, blocks, 5, time.perf_counter)
 print(json.dumps({"step_s": statistics.median(timing[device]["step_s"]), "losses": timing[device]["losses"],

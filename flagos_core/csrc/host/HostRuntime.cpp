@@ -145,9 +145,7 @@ class HostRuntime final : public DeviceRuntime {
   }
   void setDevice(c10::Device d) const override {
     TORCH_CHECK(d.type() == c10::DeviceType::PrivateUse1, "flagos: not a flagos device: ", d);
-    if (C10_UNLIKELY(d.index() < 0 || d.index() >= devices_)) {
-      checkIndex(d.index()); // throws, naming the valid devices
-    }
+    requireIndex(d.index());
     t_current_device = d.index();
   }
   void uncheckedSetDevice(c10::Device d) const noexcept override {
@@ -216,10 +214,15 @@ class HostRuntime final : public DeviceRuntime {
  private:
   c10::Device normalize(c10::Device d) const {
     const c10::DeviceIndex index = d.has_index() ? d.index() : t_current_device;
+    requireIndex(index);
+    return c10::Device(c10::DeviceType::PrivateUse1, index);
+  }
+  // checkIndex without its virtual device-count call on the valid path: the
+  // autograd engine sets devices and swaps streams around every backward node.
+  void requireIndex(c10::DeviceIndex index) const {
     if (C10_UNLIKELY(index < 0 || index >= devices_)) {
       checkIndex(index); // throws, naming the valid devices
     }
-    return c10::Device(c10::DeviceType::PrivateUse1, index);
   }
 
   c10::DeviceIndex devices_;
