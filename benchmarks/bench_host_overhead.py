@@ -5,8 +5,8 @@
 
 Per op: tiny tensors (16 float32 elements; mm is 64x64) so the kernel is negligible
 and the time is the host path. Plus one tiny-Qwen3 training step. Both sides are
-warmed up, then timed in interleaved blocks (native, flagos, native, ...); the
-table gives the median of each side and the ratio flagos/native. The native
+warmed up, then timed in interleaved blocks (native, flagos, flagos, native, ...:
+which side goes first alternates); the table gives the median of each side and the ratio flagos/native. The native
 device is the one flagos runs its kernels on: cpu, or cuda on the cuda runtime.
 --native-only times the native device against itself, to show the noise floor.
 
@@ -102,8 +102,9 @@ def bench_ops(native, flagos, calls, rounds, synchronize, clock):
         for device, fn in sides:  # warm-up: caches, allocator, lazy init
             time_calls(fn, device, calls, synchronize, clock)
         samples = [[], []]
-        for _ in range(rounds):
-            for i, (device, fn) in enumerate(sides):
+        for r in range(rounds):
+            for i in ((0, 1) if r % 2 == 0 else (1, 0)):  # which side goes first alternates
+                device, fn = sides[i]
                 samples[i].append(time_calls(fn, device, calls, synchronize, clock))
         rows.append((name, statistics.median(samples[0]) * 1e6, statistics.median(samples[1]) * 1e6))
     return rows
@@ -178,8 +179,9 @@ def main(argv=None):
                         help="wall time, or the process's CPU time (default: cpu on host, wall on cuda)")
     args = parser.parse_args(argv)
 
-    calls, op_rounds = (2000, 5) if args.quick else (5000, 9)
-    train_rounds, steps_per_block = (3, 2) if args.quick else (5, 5)
+    # Short blocks, many rounds: the machines we measure on drift within seconds.
+    calls, op_rounds = (2000, 5) if args.quick else (3000, 15)
+    train_rounds, steps_per_block = (3, 2) if args.quick else (20, 2)
 
     demo = load_demo()
     if args.native_only:

@@ -49,6 +49,38 @@ def cases(device):
     ]
 
 
+def profile_events(fn, device, calls, synchronize):
+    """{event name: (count per call, self CPU us per call)} of `calls` calls:
+    ATen ops and the CUDA runtime calls (cudaLaunchKernel, ...) they make."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.device(device).type == "cuda" or torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        synchronize(device)
+    return {
+        e.key: (e.count / calls, e.self_cpu_time_total / calls)
+        for e in prof.key_averages()
+        if e.self_cpu_time_total > 0 or e.count >= calls
+    }
+
+
+def print_profile(name, native_fn, flagos_fn, native, flagos, calls, synchronize):
+    """Side by side, the events one call makes on each device."""
+    n = profile_events(native_fn, native, calls, synchronize)
+    f = profile_events(flagos_fn, flagos, calls, synchronize)
+    print(f"\nprofile of '{name}', per call ({calls} calls): count and self CPU us")
+    print(f"{'event':44s} {'native n':>8s} {'us':>7s} {'flagos n':>8s} {'us':>7s}")
+    for key in sorted(set(n) | set(f), key=lambda k: -f.get(k, n.get(k))[1]):
+        nc, nt = n.get(key, (0, 0.0))
+        fc, ft = f.get(key, (0, 0.0))
+        print(f"{key[:44]:44s} {nc:8.2f} {nt:7.2f} {fc:8.2f} {ft:7.2f}")
+
+
 def per_call_us(fn, device, calls, synchronize):
     return time_calls(fn, device, calls, synchronize, time.perf_counter) * 1e6
 
@@ -57,6 +89,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--profile", default="mm f32 64x64,linear bf16",
+                        help="comma-separated case-name prefixes to profile after timing ('' for none)")
     args = parser.parse_args(argv)
     demo = load_demo()
     native, flagos = demo.native_device_for(demo.flagos_runtime_name()), torch.device("flagos")
@@ -75,6 +109,10 @@ def main(argv=None):
                 samples[i].append(per_call_us(pair[i][1], pair[i][0], args.calls, demo.synchronize))
         n, f = statistics.median(samples[0]), statistics.median(samples[1])
         print(f"{name:48s} {n:10.2f} {f:10.2f} {f - n:9.2f} {f / n:6.3f}")
+    prefixes = [p for p in args.profile.split(",") if p]
+    for (name, native_fn), (_, flagos_fn) in zip(*sides):
+        if any(name.startswith(p) for p in prefixes):
+            print_profile(name, native_fn, flagos_fn, native, flagos, 200, demo.synchronize)
     return 0
 
 

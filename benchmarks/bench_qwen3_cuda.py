@@ -1,8 +1,14 @@
 """Qwen3-0.6B on flagos (cuda runtime) vs native CUDA on one GPU: training
 throughput (bf16, batch 1 x 128 and 8 x 1024), greedy decode (eager on both
 sides, and flagos replaying a CUDA graph of one decode step against native
-eager), peak memory of a training step. Blocks alternate between the sides
-(which side goes first alternates too), medians, ratios.
+eager), peak memory of a training step. Medians, ratios.
+
+Interleaving: the lent GPU machine's host speed drifts within seconds, so
+the sides alternate in short blocks (training: one or two steps; decode:
+whole generate calls, and in the step-interleaved row single tokens), and
+which side goes first alternates too. The "pairs" column gives the spread
+(quartiles) of the ratio taken within each round: how far one run's ratio
+can be trusted.
 
 Exactness: training losses are compared in a separate short pass with
 torch.use_deterministic_algorithms on both sides, because native CUDA is not
@@ -34,30 +40,54 @@ import flagos_core  # noqa: E402
 import qwen3_06b  # noqa: E402
 from native_side import NativeSide  # noqa: E402
 
+SIDES = ("cuda", "flagos")
+# (batch, seq, steps per block, rounds): short blocks, many rounds.
+TRAINING = ((1, 128, 2, 15), (8, 1024, 1, 9))
 
-def bench_training(native, batch, seq, rounds, steps):
+
+def alternating(rounds):
+    """(round, sides in the order they run): round 0 is a warm-up, and the
+    side that goes first alternates from round to round."""
+    for r in range(rounds + 1):
+        yield r, (SIDES if r % 2 == 0 else SIDES[::-1])
+
+
+def quartiles(values):
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+    return q[0], q[2]
+
+
+def summary(work, seconds):
+    """{side: work per second from the median block}, and the quartiles of
+    flagos's speed over native's within each round."""
+    rates = {side: work / statistics.median(s) for side, s in seconds.items()}
+    pairs = [n / f for n, f in zip(seconds["cuda"], seconds["flagos"])]
+    return rates, quartiles(pairs)
+
+
+def bench_training(native, batch, seq, steps, rounds):
     common = dict(batch=batch, seq=seq, steps_per_block=steps, blocks=rounds + 1)
     native("trainer", dtype="bfloat16", **common)
     local = qwen3_06b.Trainer("flagos", torch.bfloat16, **common)
-    times = {"cuda": [], "flagos": []}
-    losses = {"cuda": [], "flagos": []}
+    seconds = {side: [] for side in SIDES}
+    losses = {side: [] for side in SIDES}
 
     def native_block(index):
         reply = native("block", index=index)
         return reply["seconds"], reply["losses"]
 
-    sides = {"cuda": native_block, "flagos": local.block}
-    for r in range(rounds + 1):  # round 0 warms up
-        for side in (("cuda", "flagos") if r % 2 == 0 else ("flagos", "cuda")):
-            seconds, side_losses = sides[side](r)
-            losses[side] += side_losses
+    blocks = {"cuda": native_block, "flagos": local.block}
+    for r, order in alternating(rounds):
+        for side in order:
+            block_seconds, block_losses = blocks[side](r)
+            losses[side] += block_losses
             if r > 0:
-                times[side].append(seconds)
+                seconds[side].append(block_seconds)
     peaks = {"cuda": native("peak", index=0)["bytes"], "flagos": local.peak_bytes(0)}
+    native("close")
     local.close()
-    tokens = batch * seq * steps
-    tok_s = {side: tokens / statistics.median(t) for side, t in times.items()}
-    return tok_s, losses["cuda"] == losses["flagos"], peaks
+    tok_s, pairs = summary(batch * seq * steps, seconds)
+    return tok_s, pairs, losses["cuda"] == losses["flagos"], peaks
 
 
 def deterministic_losses_equal(native, batch, seq, steps):
@@ -69,7 +99,7 @@ def deterministic_losses_equal(native, batch, seq, steps):
         common = dict(batch=batch, seq=seq, steps_per_block=steps, blocks=1)
         native("trainer", dtype="bfloat16", **common)
         reference = native("block", index=0)["losses"]
-        native("trainer", dtype="bfloat16", batch=1, seq=8, steps_per_block=1, blocks=1)  # frees the big one
+        native("close")
         local = qwen3_06b.Trainer("flagos", torch.bfloat16, **common)
         _, flagos_losses = local.block(0)
         local.close()
@@ -79,26 +109,47 @@ def deterministic_losses_equal(native, batch, seq, steps):
     return reference == flagos_losses
 
 
-def bench_decode(rounds, new_tokens):
-    sides = ("cuda", "flagos")
-    models = {d: qwen3_06b.build(d, torch.bfloat16).eval() for d in sides}
-    prompt = qwen3_06b.batches(1, 1, 16)[0]
-    times = {d: [] for d in sides}
+def timed(run):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = run()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start, result
+
+
+def bench_decode(models, prompt, rounds, new_tokens):
+    """Whole generate calls per block."""
+    seconds = {side: [] for side in SIDES}
     tokens = {}
-    for r in range(rounds + 1):
-        for d in (sides if r % 2 == 0 else sides[::-1]):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            tokens[d] = qwen3_06b.greedy(models[d], prompt, new_tokens, d)
-            torch.cuda.synchronize()
+    for r, order in alternating(rounds):
+        for side in order:
+            took, tokens[side] = timed(lambda: qwen3_06b.greedy(models[side], prompt, new_tokens, side))
             if r > 0:
-                times[d].append(time.perf_counter() - start)
-    del models
-    torch.cuda.empty_cache()
-    return {d: new_tokens / statistics.median(times[d]) for d in sides}, torch.equal(tokens["cuda"], tokens["flagos"])
+                seconds[side].append(took)
+    tok_s, pairs = summary(new_tokens, seconds)
+    return tok_s, pairs, torch.equal(tokens["cuda"], tokens["flagos"])
 
 
-def bench_decode_graphed(rounds, new_tokens):
+def bench_decode_steps(models, prompt, rounds, new_tokens):
+    """Greedy decode alternating the sides token by token (prefill untimed):
+    drift slower than one token touches both sides alike."""
+    seconds = {side: [] for side in SIDES}  # per round: the sum of its tokens
+    tokens = {}
+    for r, _ in alternating(rounds):
+        decoders = {side: qwen3_06b.GreedySteps(models[side], prompt, side) for side in SIDES}
+        spent = dict.fromkeys(SIDES, 0.0)
+        for t in range(new_tokens):
+            for side in (SIDES if t % 2 == 0 else SIDES[::-1]):
+                spent[side] += timed(decoders[side].step)[0]
+        if r > 0:
+            for side in SIDES:
+                seconds[side].append(spent[side])
+        tokens = {side: d.tokens() for side, d in decoders.items()}
+    tok_s, pairs = summary(new_tokens, seconds)
+    return tok_s, pairs, torch.equal(tokens["cuda"], tokens["flagos"])
+
+
+def bench_decode_graphed(models, prompt, rounds, new_tokens):
     """flagos decoding with a static cache and CUDA graph replay against native
     eager greedy (generate, as bench_decode). A flagos call includes prefill,
     the eager warm-up steps and the capture, as a native call includes prefill.
@@ -107,33 +158,31 @@ def bench_decode_graphed(rounds, new_tokens):
     cache: the default dynamic cache attends over the grown length without a
     mask, other kernels, so bf16 tokens can part by rounding alone. Equality
     with the timed native tokens is returned as well."""
-    models = {d: qwen3_06b.build(d, torch.bfloat16).eval() for d in ("cuda", "flagos")}
-    prompt = qwen3_06b.batches(1, 1, 16)[0]
     runs = {
         "cuda": lambda: qwen3_06b.greedy(models["cuda"], prompt, new_tokens, "cuda"),
         "flagos": lambda: qwen3_06b.greedy_graphed(models["flagos"], prompt, new_tokens, "flagos"),
     }
-    times = {d: [] for d in runs}
+    seconds = {side: [] for side in SIDES}
     tokens = {}
-    for r in range(rounds + 1):  # round 0 warms up
-        for d in (("cuda", "flagos") if r % 2 == 0 else ("flagos", "cuda")):
-            run = runs[d]
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            tokens[d] = run()
-            torch.cuda.synchronize()
+    for r, order in alternating(rounds):
+        for side in order:
+            took, tokens[side] = timed(runs[side])
             if r > 0:
-                times[d].append(time.perf_counter() - start)
+                seconds[side].append(took)
     static = qwen3_06b.greedy(models["cuda"], prompt, new_tokens, "cuda", static_cache=True)
-    del models, runs
-    torch.cuda.empty_cache()
-    tok_s = {d: new_tokens / statistics.median(times[d]) for d in times}
-    return tok_s, torch.equal(tokens["flagos"], static), torch.equal(tokens["flagos"], tokens["cuda"])
+    tok_s, pairs = summary(new_tokens, seconds)
+    return tok_s, pairs, torch.equal(tokens["flagos"], static), torch.equal(tokens["flagos"], tokens["cuda"])
+
+
+def row(name, rates, pairs, target, same):
+    return dict(measure=name, native=rates["cuda"], flagos=rates["flagos"], ratio=rates["flagos"] / rates["cuda"],
+                pairs=pairs, target=target, exact=same)
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the generate-based decode rows")
+    parser.add_argument("--step-rounds", type=int, default=3, help="rounds of the step-interleaved decode row")
     parser.add_argument("--json")
     parser.add_argument("--pin", action="store_true", help="pin both processes to the same two CPUs")
     args = parser.parse_args()
@@ -145,36 +194,43 @@ def main():
     rows, timed_equal = [], []
     native = NativeSide()
     try:
-        for batch, seq, steps in ((1, 128, 8), (8, 1024, 3)):
-            tok_s, same_timed, peaks = bench_training(native, batch, seq, args.rounds, steps)
-            same = deterministic_losses_equal(native, batch, seq, steps)
+        for batch, seq, steps, rounds in TRAINING:
+            tok_s, pairs, same_timed, peaks = bench_training(native, batch, seq, steps, rounds)
+            same = deterministic_losses_equal(native, batch, seq, 8 if batch == 1 else 3)
             timed_equal.append(f"{batch}x{seq} {'equal' if same_timed else 'not equal'}")
-            rows.append((f"train bf16 {batch}x{seq} tok/s", tok_s["cuda"], tok_s["flagos"],
-                         tok_s["flagos"] / tok_s["cuda"], ">= 0.98", same))
-            rows.append((f"peak mem train {batch}x{seq} MiB", peaks["cuda"] / 2**20, peaks["flagos"] / 2**20,
-                         peaks["flagos"] / peaks["cuda"], "<= 1.01", None))
+            rows.append(row(f"train bf16 {batch}x{seq} tok/s", tok_s, pairs, ">= 0.98", same))
+            rows.append(row(f"peak mem train {batch}x{seq} MiB", {s: b / 2**20 for s, b in peaks.items()},
+                            (None, None), "<= 1.01", None))
     finally:
         native.close()
-    tok_s, same = bench_decode(args.rounds, 64)
-    rows.append(("decode bs1 64 tokens tok/s", tok_s["cuda"], tok_s["flagos"], tok_s["flagos"] / tok_s["cuda"],
-                 ">= 0.97", same))
-    tok_s, same, same_dynamic = bench_decode_graphed(args.rounds, 64)
-    rows.append(("decode bs1 64 tok graph tok/s", tok_s["cuda"], tok_s["flagos"], tok_s["flagos"] / tok_s["cuda"],
-                 "-", same))
+    models = {side: qwen3_06b.build(side, torch.bfloat16).eval() for side in SIDES}
+    prompt = qwen3_06b.batches(1, 1, 16)[0]
+    tok_s, pairs, same = bench_decode(models, prompt, args.rounds, 64)
+    rows.append(row("decode bs1 64 tokens tok/s", tok_s, pairs, ">= 0.97", same))
+    tok_s, pairs, same = bench_decode_steps(models, prompt, args.step_rounds, 64)
+    rows.append(row("decode, sides alternate per token", tok_s, pairs, ">= 0.97", same))
+    tok_s, pairs, same, same_dynamic = bench_decode_graphed(models, prompt, args.rounds, 64)
+    rows.append(row("decode bs1 64 tok graph tok/s", tok_s, pairs, "-", same))
+    del models
+    torch.cuda.empty_cache()
+
     print(f"\nQwen3-0.6B, {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-    print(f"{'measure':34s} {'native':>12s} {'flagos':>12s} {'ratio':>7s} {'target':>8s}  exact")
-    for name, n, f, ratio, target, same in rows:
-        exact = "-" if same is None else ("yes" if same else "NO")
-        print(f"{name:34s} {n:12.1f} {f:12.1f} {ratio:7.3f} {target:>8s}  {exact}")
+    print(f"{'measure':34s} {'native':>10s} {'flagos':>10s} {'ratio':>7s} {'pairs q1-q3':>13s} {'target':>8s}  exact")
+    for r in rows:
+        exact = "-" if r["exact"] is None else ("yes" if r["exact"] else "NO")
+        q1, q3 = r["pairs"]
+        pairs = "-" if q1 is None else f"{q1:.3f}-{q3:.3f}"
+        print(f"{r['measure']:34s} {r['native']:10.1f} {r['flagos']:10.1f} {r['ratio']:7.3f} {pairs:>13s} "
+              f"{r['target']:>8s}  {exact}")
     print("train rows: exact = losses bitwise equal with deterministic algorithms on both sides; "
           "losses of the timed passes (default kernels): " + ", ".join(timed_equal))
+    print("per-token row: greedy with the dynamic cache, one forward per token, no generate loop around it")
     print("graph row: flagos replays a CUDA graph per token, native runs eager generate; exact compares with "
           "native generate on the same static cache; with the timed native (dynamic cache) tokens: "
           + ("equal" if same_dynamic else "not equal"))
     if args.json:
         with open(args.json, "w") as out:
-            json.dump([dict(zip(("measure", "native", "flagos", "ratio", "target", "exact"), r)) for r in rows],
-                      out, indent=1)
+            json.dump(rows, out, indent=1)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,11 @@ def serve():
                 trainer.close()
             trainer = qwen3_06b.Trainer(DEVICE, getattr(torch, cmd.pop("dtype")), **cmd)
             reply = {}
+        elif op == "close":  # frees the trainer's model and optimizer
+            if trainer:
+                trainer.close()
+            trainer = None
+            reply = {}
         elif op == "block":
             seconds, losses = trainer.block(cmd["index"])
             reply = {"seconds": seconds, "losses": losses}

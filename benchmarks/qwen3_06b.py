@@ -89,6 +89,41 @@ def make_static_cache(model, max_cache_len, device):
     return StaticCache(**kwargs)
 
 
+class GreedySteps:
+    """Greedy decoding (batch 1) one token per call of step(), with the
+    model's default dynamic KV cache as generate keeps it: lets a benchmark
+    alternate two devices token by token. The prompt is prefilled at
+    construction; tokens() returns the new tokens on the CPU."""
+
+    @torch.no_grad()
+    def __init__(self, model, prompt, device):
+        self.model = model
+        self.extra = {"use_cache": True}
+        if "logits_to_keep" in inspect.signature(model.forward).parameters:
+            self.extra["logits_to_keep"] = 1  # as generate does
+        self.cache_kwarg = _cache_kwarg(model)
+        self.cache = None
+        self.produced = []
+        self.next = self._forward(prompt.to(device))
+
+    def _forward(self, ids):
+        kwargs = dict(self.extra)
+        if self.cache is not None:
+            kwargs[self.cache_kwarg] = self.cache
+        out = self.model(input_ids=ids, **kwargs)
+        # The output names the cache as the forward does (past_key_values, or cache in transformers 5.x).
+        self.cache = out["cache"] if "cache" in out else out["past_key_values"]
+        return out.logits[:, -1:, :].argmax(-1)  # (1, 1), stays on the device
+
+    @torch.no_grad()
+    def step(self):
+        self.produced.append(self.next)
+        self.next = self._forward(self.next)
+
+    def tokens(self):
+        return torch.cat(self.produced, dim=1)[0].cpu()
+
+
 @torch.no_grad()
 def greedy_graphed(model, prompt, new_tokens, device, use_graph=True, warmup=3):
     """Greedy tokens (batch 1) with a static KV cache: prefill eagerly, then
