@@ -7,7 +7,8 @@ to run; instruction counts do not. This runs itself under valgrind's
 callgrind (valgrind and a C compiler needed: `apt install valgrind gcc`),
 switches counting on only around the timed calls (client requests through a
 tiny helper compiled on the fly), and prints instructions per call for the
-per-op set of bench_host_overhead.py and for a tiny-Qwen3 training step.
+per-op set of bench_host_overhead.py, a tiny-Qwen3 training step and one
+token of its greedy decode (one forward with the KV cache).
 Instructions are not time (atomics, cache misses and the allocator's system
 calls cost more than they count), so this complements the timed benchmark
 and does not replace it.
@@ -37,6 +38,7 @@ def measured(workdir, calls, steps):
     from flagos_core import demo
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import qwen3_06b
     from bench_host_overhead import op_table
 
     torch.set_num_threads(1)
@@ -56,12 +58,19 @@ def measured(workdir, calls, steps):
         lib.count_start()
         demo.train_steps(model, opt, batches[3:])
         lib.count_stop(f"tiny Qwen3 train step|{device}".encode())
+        decoder = qwen3_06b.GreedySteps(model.eval(), batches[0][:1, :8], device)
+        for _ in range(3):
+            decoder.step()
+        lib.count_start()
+        for _ in range(steps):
+            decoder.step()
+        lib.count_stop(f"tiny Qwen3 decode token|{device}".encode())
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2, help="training steps, and decode tokens")
     parser.add_argument("--inside", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inside:
@@ -90,8 +99,8 @@ def main():
     names = list(dict.fromkeys(name for name, _ in counts))
     print(f"{'case':24s} {'unit':10s} {'cpu':>12s} {'flagos':>12s} {'ratio':>7s}")
     for name in names:
-        per = args.steps if "train" in name else args.calls
-        unit = "instr/step" if "train" in name else "instr/call"
+        per = args.steps if "Qwen3" in name else args.calls
+        unit = "instr/token" if "decode" in name else "instr/step" if "train" in name else "instr/call"
         cpu, flagos = counts[(name, "cpu")] / per, counts[(name, "flagos")] / per
         print(f"{name:24s} {unit:10s} {cpu:12.0f} {flagos:12.0f} {flagos / cpu:7.3f}")
     return 0
