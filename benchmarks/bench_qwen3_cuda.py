@@ -21,7 +21,7 @@ runs both sides in this process. --pin pins both processes to the same two
 CPUs; off by default, because it slowed flagos's 1 x 128 training far more
 than native's (docs/performance.md).
 
-    python benchmarks/bench_qwen3_cuda.py [--rounds 5] [--json PATH] [--pin]
+    python benchmarks/bench_qwen3_cuda.py [--rounds 5] [--step-rounds 3] [--json PATH] [--pin] [--decode-only]
 """
 
 import argparse
@@ -185,6 +185,7 @@ def main():
     parser.add_argument("--step-rounds", type=int, default=3, help="rounds of the step-interleaved decode row")
     parser.add_argument("--json")
     parser.add_argument("--pin", action="store_true", help="pin both processes to the same two CPUs")
+    parser.add_argument("--decode-only", action="store_true", help="skip the training rows")
     args = parser.parse_args()
     if args.pin:
         cpus = sorted(os.sched_getaffinity(0))[:2]
@@ -194,7 +195,7 @@ def main():
     rows, timed_equal = [], []
     native = NativeSide()
     try:
-        for batch, seq, steps, rounds in TRAINING:
+        for batch, seq, steps, rounds in () if args.decode_only else TRAINING:
             tok_s, pairs, same_timed, peaks = bench_training(native, batch, seq, steps, rounds)
             same = deterministic_losses_equal(native, batch, seq, 8 if batch == 1 else 3)
             timed_equal.append(f"{batch}x{seq} {'equal' if same_timed else 'not equal'}")
@@ -222,8 +223,9 @@ def main():
         pairs = "-" if q1 is None else f"{q1:.3f}-{q3:.3f}"
         print(f"{r['measure']:34s} {r['native']:10.1f} {r['flagos']:10.1f} {r['ratio']:7.3f} {pairs:>13s} "
               f"{r['target']:>8s}  {exact}")
-    print("train rows: exact = losses bitwise equal with deterministic algorithms on both sides; "
-          "losses of the timed passes (default kernels): " + ", ".join(timed_equal))
+    if not args.decode_only:
+        print("train rows: exact = losses bitwise equal with deterministic algorithms on both sides; "
+              "losses of the timed passes (default kernels): " + ", ".join(timed_equal))
     print("per-token row: greedy with the dynamic cache, one forward per token, no generate loop around it")
     print("graph row: flagos replays a CUDA graph per token, native runs eager generate; exact compares with "
           "native generate on the same static cache; with the timed native (dynamic cache) tokens: "
