@@ -1,0 +1,81 @@
+"""Greedy decode on flagos against the native device, the sides alternating
+token by token, in one process.
+
+    python benchmarks/bench_decode_steps.py [--model tiny|0.6b] [--rounds N] [--tokens N]
+
+Each round prefills both sides (untimed) and then decodes `tokens` tokens,
+one forward with the KV cache per token (qwen3_06b.GreedySteps), native and
+flagos in turn, the first side alternating: drift slower than one token
+touches both sides alike. Prints each round's ratio (flagos speed over
+native) and their median; the first round is a warm-up.
+
+On the host runtime it times CPU time with one torch thread pinned to one
+CPU, as bench_host_overhead.py does; on a GPU, wall time around
+synchronised steps.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import qwen3_06b  # noqa: E402
+from bench_host_overhead import load_demo  # noqa: E402
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=("tiny", "0.6b"), default="tiny")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=200)
+    args = parser.parse_args(argv)
+    demo = load_demo()
+    native = demo.native_device_for(demo.flagos_runtime_name())
+    sides = (native, torch.device("flagos"))
+    clock = time.perf_counter
+    if native.type == "cpu":
+        os.sched_setaffinity(0, {os.sched_getaffinity(0).pop()})
+        torch.set_num_threads(1)
+        clock = time.process_time
+    sizes = qwen3_06b.TINY if args.model == "tiny" else {}
+    dtype = torch.float32 if native.type == "cpu" else torch.bfloat16
+    positions = sizes.get("max_position_embeddings", 4096)
+    if 8 + args.tokens > positions:
+        parser.error(f"--tokens: at most {positions - 8} for this model (8 prompt tokens)")
+    models = {d: qwen3_06b.build(d, dtype, **sizes).eval() for d in sides}
+    prompt = qwen3_06b.batches(1, 1, 8, vocab=sizes.get("vocab_size", 151936))[0]
+
+    def timed_step(decoder, device):
+        demo.synchronize(device)
+        start = clock()
+        decoder.step()
+        demo.synchronize(device)
+        return clock() - start
+
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}  torch {torch.__version__}  {args.model} Qwen3, native {native}, "
+          f"{args.tokens} tokens per round, {'CPU time, pinned' if clock is time.process_time else 'wall time'}")
+    ratios, same = [], True
+    for r in range(args.rounds):
+        decoders = {d: qwen3_06b.GreedySteps(models[d], prompt, d) for d in sides}
+        spent = dict.fromkeys(sides, 0.0)
+        for t in range(args.tokens):
+            for d in (sides if t % 2 == 0 else sides[::-1]):
+                spent[d] += timed_step(decoders[d], d)
+        same = same and torch.equal(decoders[sides[0]].tokens(), decoders[sides[1]].tokens())
+        ratio = spent[sides[0]] / spent[sides[1]]
+        per_token = {d: spent[d] / args.tokens * 1e3 for d in sides}
+        print(f"round {r}{' (warm-up)' if r == 0 else ''}: native {per_token[sides[0]]:.3f} ms/token, "
+              f"flagos {per_token[sides[1]]:.3f} ms/token, ratio {ratio:.3f}")
+        if r > 0:
+            ratios.append(ratio)
+    print(f"median ratio (flagos speed / native): {statistics.median(ratios):.3f} over {len(ratios)} rounds; "
+          f"tokens {'equal' if same else 'NOT equal'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
