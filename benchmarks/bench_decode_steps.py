@@ -27,6 +27,22 @@ import qwen3_06b  # noqa: E402
 from bench_host_overhead import load_demo  # noqa: E402
 
 
+def decode_round(models, prompt, tokens, time_step):
+    """One round: prefill every side (untimed), then `tokens` greedy tokens
+    with the sides in turn per token, the first alternating. models:
+    {device: model}; time_step(decoder, device) gives the seconds of one
+    decoder.step(). Returns ({device: seconds}, whether all sides produced
+    the same tokens)."""
+    sides = list(models)
+    decoders = {d: qwen3_06b.GreedySteps(models[d], prompt, d) for d in sides}
+    spent = dict.fromkeys(sides, 0.0)
+    for t in range(tokens):
+        for d in (sides if t % 2 == 0 else sides[::-1]):
+            spent[d] += time_step(decoders[d], d)
+    made = [decoder.tokens() for decoder in decoders.values()]
+    return spent, all(torch.equal(made[0], m) for m in made[1:])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=("tiny", "0.6b"), default="tiny")
@@ -60,12 +76,8 @@ def main(argv=None):
           f"{args.tokens} tokens per round, {'CPU time, pinned' if clock is time.process_time else 'wall time'}")
     ratios, same = [], True
     for r in range(args.rounds):
-        decoders = {d: qwen3_06b.GreedySteps(models[d], prompt, d) for d in sides}
-        spent = dict.fromkeys(sides, 0.0)
-        for t in range(args.tokens):
-            for d in (sides if t % 2 == 0 else sides[::-1]):
-                spent[d] += timed_step(decoders[d], d)
-        same = same and torch.equal(decoders[sides[0]].tokens(), decoders[sides[1]].tokens())
+        spent, equal = decode_round(models, prompt, args.tokens, timed_step)
+        same = same and equal
         ratio = spent[sides[0]] / spent[sides[1]]
         per_token = {d: spent[d] / args.tokens * 1e3 for d in sides}
         print(f"round {r}{' (warm-up)' if r == 0 else ''}: native {per_token[sides[0]]:.3f} ms/token, "

@@ -5,9 +5,9 @@
 
 Per op: tiny tensors (16 float32 elements; mm is 64x64) so the kernel is negligible
 and the time is the host path. Plus one tiny-Qwen3 training step. Both sides are
-warmed up, then timed in interleaved blocks (native, flagos, flagos, native, ...:
-which side goes first alternates); the table gives the median of each side and the ratio flagos/native. The native
-device is the one flagos runs its kernels on: cpu, or cuda on the cuda runtime.
+warmed up, then timed in interleaved blocks (native, flagos, flagos, native,
+...: which side goes first alternates); the table gives the median of each
+side and the ratio flagos/native. The native device is the one flagos runs its kernels on: cpu, or cuda on the cuda runtime.
 --native-only times the native device against itself, to show the noise floor.
 
 Clock: on the host runtime the default is the process's CPU time, with one

@@ -55,7 +55,7 @@ def profile_events(fn, device, calls, synchronize):
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
-    if torch.device(device).type == "cuda" or torch.cuda.is_available():
+    if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
     synchronize(device)
     with profile(activities=activities) as prof:

@@ -38,6 +38,7 @@ import torch  # noqa: E402
 
 import flagos_core  # noqa: E402
 import qwen3_06b  # noqa: E402
+from bench_decode_steps import decode_round  # noqa: E402
 from native_side import NativeSide  # noqa: E402
 
 SIDES = ("cuda", "flagos")
@@ -134,19 +135,15 @@ def bench_decode_steps(models, prompt, rounds, new_tokens):
     """Greedy decode alternating the sides token by token (prefill untimed):
     drift slower than one token touches both sides alike."""
     seconds = {side: [] for side in SIDES}  # per round: the sum of its tokens
-    tokens = {}
+    same = True
     for r, _ in alternating(rounds):
-        decoders = {side: qwen3_06b.GreedySteps(models[side], prompt, side) for side in SIDES}
-        spent = dict.fromkeys(SIDES, 0.0)
-        for t in range(new_tokens):
-            for side in (SIDES if t % 2 == 0 else SIDES[::-1]):
-                spent[side] += timed(decoders[side].step)[0]
+        spent, equal = decode_round(models, prompt, new_tokens, lambda decoder, side: timed(decoder.step)[0])
+        same = same and equal
         if r > 0:
             for side in SIDES:
                 seconds[side].append(spent[side])
-        tokens = {side: d.tokens() for side, d in decoders.items()}
     tok_s, pairs = summary(new_tokens, seconds)
-    return tok_s, pairs, torch.equal(tokens["cuda"], tokens["flagos"])
+    return tok_s, pairs, same
 
 
 def bench_decode_graphed(models, prompt, rounds, new_tokens):

@@ -5,8 +5,9 @@
 Greedy-decodes with a Qwen3 on the native device and on flagos (same model,
 same prompt, one process, the sides taking turns) under torch.profiler (CPU
 activity: the host side of every ATen call), and prints the ops whose total
-time grew most on flagos, per call and in all. Meant for the case where a whole model is slower than the
-per-op benchmark predicts: the top rows say which ops to look at.
+time grew most on flagos, per call and in all. Meant for the case where a
+whole model is slower than the per-op benchmark predicts: the top rows say
+which ops to look at.
 With --python it also compares Python functions' own time (cProfile), for
 gaps that lie between ATen calls (device checks, autocast, hooks).
 """

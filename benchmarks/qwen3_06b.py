@@ -79,6 +79,16 @@ def _cache_kwarg(model):
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def _decode_kwargs(model):
+    """Keyword arguments of a decode step's forward, as generate passes them:
+    use the cache, and run lm_head on the last position only where the
+    model's forward can."""
+    kwargs = {"use_cache": True}
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        kwargs["logits_to_keep"] = 1
+    return kwargs
+
+
 def make_static_cache(model, max_cache_len, device):
     from transformers import StaticCache
 
@@ -98,9 +108,7 @@ class GreedySteps:
     @torch.no_grad()
     def __init__(self, model, prompt, device):
         self.model = model
-        self.extra = {"use_cache": True}
-        if "logits_to_keep" in inspect.signature(model.forward).parameters:
-            self.extra["logits_to_keep"] = 1  # as generate does
+        self.extra = _decode_kwargs(model)
         self.cache_kwarg = _cache_kwarg(model)
         self.cache = None
         self.produced = []
@@ -138,9 +146,7 @@ def greedy_graphed(model, prompt, new_tokens, device, use_graph=True, warmup=3):
     length = prompt.shape[1]
     cache = make_static_cache(model, length + new_tokens, device)
     params = inspect.signature(model.forward).parameters
-    kwargs = {_cache_kwarg(model): cache, "use_cache": True}
-    if "logits_to_keep" in params:  # as generate does: lm_head on the last position only
-        kwargs["logits_to_keep"] = 1
+    kwargs = {_cache_kwarg(model): cache, **_decode_kwargs(model)}
     # Older transformers index the static cache by cache_position; 5.x
     # counts the cached length itself (a device tensor, advanced in place).
     pass_cache_position = "cache_position" in params
