@@ -85,15 +85,32 @@ def test_flagos_generator_state_is_its_own():
 
 def test_mixing_flagos_and_cpu_is_the_usual_error():
     a = torch.ones(3, device="flagos")
-    try:
-        a + torch.ones(3)
-    except RuntimeError as e:
-        assert "Expected all tensors to be on the same device" in str(e)
-        assert "flagos:0" in str(e) and "cpu" in str(e)
-    else:
-        raise AssertionError("mixing flagos and cpu tensors did not raise")
+    # add is a typed kernel, atan2 a boxed one: both name the argument.
+    for op, name in ((torch.add, "aten::add.Tensor"), (torch.atan2, "aten::atan2")):
+        try:
+            op(a, torch.ones(3))
+        except RuntimeError as e:
+            assert "Expected all tensors to be on the same device" in str(e)
+            assert "flagos:0" in str(e) and "cpu" in str(e)
+            assert "argument other" in str(e) and name in str(e), str(e)
+        else:
+            raise AssertionError(f"{name}: mixing flagos and cpu tensors did not raise")
     # A 0-dim CPU tensor is a scalar, as on other accelerators.
     assert torch.equal((a + torch.tensor(2.0)).cpu(), torch.full((3,), 3.0))
+
+
+def test_inference_mode_results_are_inference_tensors():
+    x = torch.randn(4, 3)
+    a = x.to("flagos")
+    with torch.inference_mode():
+        for got, want in ((a * 2, x * 2), ((a * 2).view(3, 4) + 1, (x * 2).view(3, 4) + 1)):
+            assert got.device.type == "flagos" and got.is_inference() and not got.requires_grad
+            assert torch.equal(got.cpu(), want)
+    # Outside it, results take part in autograd again.
+    b = a.clone().requires_grad_()
+    (b * 3).sum().backward()
+    assert not (b * 3).is_inference()
+    assert torch.equal(b.grad.cpu(), torch.full((4, 3), 3.0))
 
 
 def test_module_and_tensor_methods():

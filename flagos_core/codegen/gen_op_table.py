@@ -11,10 +11,10 @@ CPU and CUDA run their own kernel for it rather than the decomposition, and flag
 run what they run. Purely composite overloads decompose as PyTorch decomposes them and
 are left to the dispatcher.
 
-Overloads whose base name is listed in typed_ops.txt (or every overload, with
---typed all) get a typed kernel (core/TypedKernel.h) when their C++ signature
-allows it; the rest are served boxed. Typed kernels are spread over --shards
-files so the build compiles them in parallel.
+Overloads whose base name is listed in typed_ops.txt (every overload with
+--typed all, none with --typed none) get a typed kernel (core/TypedKernel.h)
+when their C++ signature allows it; the rest are served boxed. Typed kernels
+are spread over --shards files so the build compiles them in parallel.
 """
 
 import argparse
@@ -70,6 +70,8 @@ def typed_signature_ok(f):
 def typed_names(choice):
     if choice == "all":
         return None
+    if choice == "none":
+        return set()
     with open(os.path.join(HERE, "typed_ops.txt")) as listing:
         return {line.split("#")[0].strip() for line in listing} - {""}
 
@@ -124,7 +126,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("outdir")
     parser.add_argument("--shards", type=int, default=4)
-    parser.add_argument("--typed", default="list", choices=("list", "all"))
+    parser.add_argument("--typed", default="list", choices=("list", "all", "none"))
     args = parser.parse_args()
     wanted = typed_names(args.typed)
     rows, typed = [], []

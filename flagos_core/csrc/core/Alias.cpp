@@ -1,5 +1,7 @@
 #include "core/Alias.h"
 
+#include "core/CallConstants.h"
+
 #include <flagos/Runtime.h>
 
 #include <c10/util/SmallVector.h>
@@ -76,17 +78,17 @@ class AliasImpl final : public c10::TensorImpl {
   // A native TensorImpl (a kernel's result, seen by nobody else) becomes a
   // flagos one: device and backend keys, as set_storage_keep_dtype and
   // _change_backend_component_keys would, without the storage reference
-  // traffic; the key translation is remembered for the last keyset seen.
-  static void relabelAsFlagos(c10::TensorImpl& impl, c10::Device label) {
-    thread_local std::pair<c10::DispatchKeySet, c10::DispatchKeySet> last;
+  // traffic; the translation of a fresh result's keys is precomputed.
+  static void relabelAsFlagos(c10::TensorImpl& impl, c10::Device label, const CallConstants& c) {
     impl.*kDeviceOpt = label;
     const c10::DispatchKeySet native = impl.*kKeySet;
-    if (native == last.first && last.second.highestBackendKey() == c10::BackendComponent::PrivateUse1Bit) {
-      impl.*kKeySet = last.second;
-      return;
+    for (int i = 0; i < 2; ++i) {
+      if (native == c.native_result_keys[i]) {
+        impl.*kKeySet = c.flagos_result_keys[i];
+        return;
+      }
     }
     impl._change_backend_component_keys(label);
-    last = {native, impl.*kKeySet};
   }
 
  private:
@@ -296,7 +298,7 @@ c10::Storage flagosStorageFor(const c10::Storage& native, c10::DeviceIndex index
   }
   if (fresh) {
     impl->mutable_data_ptr().unsafe_set_device(label);
-    impl->set_allocator(activeRuntime().allocator());
+    impl->set_allocator(callConstants().allocator);
     return native;
   }
   void* data = impl->mutable_data_ptr().get();
@@ -390,11 +392,12 @@ bool relabelIfSoleOwner(at::Tensor& t, c10::DeviceIndex index) {
   if (ptr.use_count() != 1 || ptr.weak_use_count() != 1 || !t.has_storage() || t.storage().use_count() != 1) {
     return false;
   }
+  const CallConstants& c = callConstants();
   const c10::Device label(c10::DeviceType::PrivateUse1, index);
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   storage->mutable_data_ptr().unsafe_set_device(label);
-  storage->set_allocator(activeRuntime().allocator());
-  AliasImpl::relabelAsFlagos(*t.unsafeGetTensorImpl(), label);
+  storage->set_allocator(c.allocator);
+  AliasImpl::relabelAsFlagos(*t.unsafeGetTensorImpl(), label, c);
   return true;
 }
 

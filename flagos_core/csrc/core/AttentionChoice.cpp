@@ -37,7 +37,7 @@ int64_t nativeSdpChoice(
   const detail::ScopedAlias q(query, native);
   const detail::ScopedAlias k(key, native);
   const detail::ScopedAlias v(value, native);
-  const c10::DispatchKeySet keys = detail::nativeKeys(rt);
+  const c10::DispatchKeySet keys = detail::nativeKeys();
   if (!attn_mask.has_value()) {
     return at::_ops::_fused_sdp_choice::redispatch(
         keys, q.get(), k.get(), v.get(), std::nullopt, dropout_p, is_causal, scale, enable_gqa);

@@ -83,7 +83,7 @@ at::Tensor& copyInPlace(at::Tensor& self, const at::Tensor& src, bool non_blocki
   const detail::ScopedAlias dst(self, rt.nativeDevice(self.device().index()));
   const detail::ScopedAlias from(src, rt.nativeDevice(src.device().index()));
   at::_ops::copy_::redispatch(
-      detail::nativeKeys(rt), const_cast<at::Tensor&>(dst.get()), from.get(), non_blocking);
+      detail::nativeKeys(), const_cast<at::Tensor&>(dst.get()), from.get(), non_blocking);
   return self;
 }
 

@@ -57,28 +57,29 @@ void RelabelProvider::call(
     c10::DispatchKeySet /*keys*/,
     Stack* stack,
     const OpSlotInfo& info) {
-  DeviceRuntime& rt = activeRuntime();
+  const detail::CallConstants& c = detail::callConstants();
+  DeviceRuntime& rt = *c.runtime;
   if (info.metadata_only) {
-    op.redispatchBoxed(detail::nativeKeys(rt), stack);
+    op.redispatchBoxed(c.native_keys, stack);
     return;
   }
   const auto& schema = op.schema();
   const auto& args = schema.arguments();
   const size_t first = stack->size() - args.size();
-  CallState state(op, info, rt);
+  CallState state(op, info, c);
   c10::SmallVector<size_t, 2> generator_args;
   c10::SmallVector<size_t, 2> device_args;
 
   for (size_t i = 0; i < args.size(); ++i) {
     c10::IValue& v = (*stack)[first + i];
     if (v.isTensor()) {
-      v = *state.toAliasKept(std::move(v).toTensor(), args[i], false);
+      v = *state.toAliasKept(std::move(v).toTensor(), i, false);
     } else if (v.isTensorList()) {
       auto list = v.toTensorList();
       c10::List<at::Tensor> native;
       native.reserve(list.size());
       for (const at::Tensor& t : list) {
-        native.push_back(*state.toAliasKept(t, args[i], true));
+        native.push_back(*state.toAliasKept(t, i, true));
       }
       v = std::move(native);
     } else if (v.isOptionalTensorList()) {
@@ -86,12 +87,12 @@ void RelabelProvider::call(
       c10::List<std::optional<at::Tensor>> native;
       native.reserve(list.size());
       for (const std::optional<at::Tensor>& t : list) {
-        native.push_back(t.has_value() ? std::optional<at::Tensor>(*state.toAliasKept(*t, args[i], true)) : std::nullopt);
+        native.push_back(t.has_value() ? std::optional<at::Tensor>(*state.toAliasKept(*t, i, true)) : std::nullopt);
       }
       v = std::move(native);
     } else if (v.isStorage() && v.toStorage().device().type() == c10::DeviceType::PrivateUse1) {
       const c10::Storage storage = v.toStorage();
-      state.noteDevice(storage.device(), args[i]);
+      state.noteDevice(storage.device(), i);
       v = detail::nativeStorageFor(storage.unsafeGetStorageImpl(), rt.nativeDevice(storage.device().index()));
     } else if (v.isGenerator() || (info.takes_generator && v.isNone() && isOptionalGenerator(args[i]))) {
       generator_args.push_back(i);
@@ -110,7 +111,7 @@ void RelabelProvider::call(
       d = c10::Device(c10::DeviceType::PrivateUse1, rt.getDevice().index());
     }
     rt.checkIndex(d.index());
-    state.noteDevice(d, args[i]);
+    state.noteDevice(d, i);
     (*stack)[first + i] = rt.nativeDevice(d.index());
   }
   c10::OptionalDeviceGuard guard;
@@ -121,7 +122,7 @@ void RelabelProvider::call(
   }
   {
     NativeScope scope(*this, index);
-    op.redispatchBoxed(detail::nativeKeys(rt), stack);
+    op.redispatchBoxed(c.native_keys, stack);
   }
 
   if (info.writes) {

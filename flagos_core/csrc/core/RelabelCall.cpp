@@ -4,10 +4,25 @@
 
 namespace flagos::detail {
 
-void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, const c10::Argument& arg) {
+void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg) {
   TORCH_CHECK(
       false, "Expected all tensors to be on the same device, but found at least two devices, ", a, " and ", b,
-      "! (when checking argument for argument ", arg.name(), " in method ", op.operator_name(), ")");
+      "! (when checking argument for argument ", op.schema().arguments().at(arg).name(), " in method ",
+      op.operator_name(), ")");
+}
+
+c10::DeviceIndex CallState::settleDeviceSlowly(c10::OptionalDeviceGuard& guard) {
+  if (foreign && device) {
+    mixedDevices(*device, foreign->first, op, foreign->second);
+  }
+  if (device && consts.single_device) {
+    return device->index();
+  }
+  const c10::DeviceIndex current = rt.getDevice().index();
+  if (device && device->index() != current) {
+    guard.reset_device(*device);
+  }
+  return device ? device->index() : current;
 }
 
 CallState::~CallState() {
@@ -16,7 +31,7 @@ CallState::~CallState() {
   }
 }
 
-c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, const c10::Argument& arg, bool in_list) {
+c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, size_t arg, bool in_list) {
   if (!t.defined()) {
     return c10::MaybeOwned<at::Tensor>::borrowed(t);
   }
@@ -25,7 +40,7 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, const c10::A
     foreign_storages.push_back(t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr);
     const bool scalar = t.dim() == 0 && d.is_cpu();
     if (!scalar && (!in_list || info.exact_device) && !foreign) {
-      foreign.emplace(d, &arg);
+      foreign.emplace(d, arg);
     }
     return c10::MaybeOwned<at::Tensor>::borrowed(t);
   }
@@ -36,7 +51,7 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, const c10::A
     return c10::MaybeOwned<at::Tensor>::borrowed(*cached);
   }
   const c10::StorageImpl* made = nullptr;
-  at::Tensor alias = pooledAlias(t, rt.nativeDevice(d.index()), &made);
+  at::Tensor alias = pooledAlias(t, consts.nativeDevice(d.index()), &made);
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
   aliases.push_back(Alias{std::move(alias), impl, t.unsafeGetTensorImpl(), made});
   // A borrow copies the TensorImpl pointer, not a reference to the vector's

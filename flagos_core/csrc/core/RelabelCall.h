@@ -5,6 +5,8 @@
 // native aliases stand for which flagos tensors, which device the call is on,
 // and how results come back as flagos tensors.
 
+#include "core/CallConstants.h"
+
 #include <flagos/Provider.h>
 #include <flagos/Runtime.h>
 
@@ -30,36 +32,32 @@ struct Alias {
   const c10::StorageImpl* native_storage; // as made, before the kernel ran
 };
 
-[[noreturn]] void mixedDevices(
-    const c10::Device& a,
-    const c10::Device& b,
-    const c10::OperatorHandle& op,
-    const c10::Argument& arg);
+// `arg`: the argument's index in op's schema (read only to name it here).
+[[noreturn]] void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg);
 
-// The dispatch key set of the active runtime's native kernels. The runtime
-// is fixed before the first flagos operation (activateRuntime), so the set is
-// computed on the first call and kept.
-inline c10::DispatchKeySet nativeKeys(DeviceRuntime& rt) {
-  static const c10::DispatchKeySet keys(rt.nativeDispatchKey());
-  return keys;
+// The dispatch key set of the active runtime's native kernels.
+inline c10::DispatchKeySet nativeKeys() {
+  return callConstants().native_keys;
 }
 
 struct CallState {
   const c10::OperatorHandle& op;
   const OpSlotInfo& info;
+  const CallConstants& consts;
   DeviceRuntime& rt;
   std::optional<c10::Device> device; // the flagos device of the call
-  std::optional<std::pair<c10::Device, const c10::Argument*>> foreign; // first non-flagos tensor
+  std::optional<std::pair<c10::Device, size_t>> foreign; // first non-flagos tensor, and its argument
   c10::SmallVector<Alias, 4> aliases;
   c10::SmallVector<const c10::StorageImpl*, 4> foreign_storages;
   c10::SmallVector<at::Tensor, 2> kept; // originals nobody else holds for the call
 
-  CallState(const c10::OperatorHandle& op, const OpSlotInfo& info, DeviceRuntime& rt) : op(op), info(info), rt(rt) {}
+  CallState(const c10::OperatorHandle& op, const OpSlotInfo& info, const CallConstants& consts)
+      : op(op), info(info), consts(consts), rt(*consts.runtime) {}
   CallState(const CallState&) = delete;
   CallState& operator=(const CallState&) = delete;
   ~CallState(); // aliases back to the pool
 
-  void noteDevice(const c10::Device& d, const c10::Argument& arg) {
+  void noteDevice(const c10::Device& d, size_t arg) {
     if (!device) {
       device = d;
     } else if (*device != d) {
@@ -67,14 +65,14 @@ struct CallState {
     }
   }
 
-  // The native alias to pass for argument `arg` (a non-flagos tensor as it
-  // is), borrowed for the call. In a list (indices and the like), CPU tensors
+  // The native alias to pass for argument `arg` (its index in the schema; a
+  // non-flagos tensor as it is), borrowed for the call. In a list (indices and the like), CPU tensors
   // are allowed unless the op demands one device, as with the native
   // backends. `t` must outlive the call (an argument the caller holds); where
   // it may not (a boxed stack slot the alias replaces, an element copied out
   // of a list), toAliasKept holds it for the call.
-  c10::MaybeOwned<at::Tensor> toAlias(const at::Tensor& t, const c10::Argument& arg, bool in_list);
-  c10::MaybeOwned<at::Tensor> toAliasKept(at::Tensor t, const c10::Argument& arg, bool in_list) {
+  c10::MaybeOwned<at::Tensor> toAlias(const at::Tensor& t, size_t arg, bool in_list);
+  c10::MaybeOwned<at::Tensor> toAliasKept(at::Tensor t, size_t arg, bool in_list) {
     kept.push_back(std::move(t));
     return toAlias(kept.back(), arg, in_list);
   }
@@ -83,23 +81,10 @@ struct CallState {
   // call's device current through `guard` if it is not, and returns the
   // device index the call runs on.
   c10::DeviceIndex settleDevice(c10::OptionalDeviceGuard& guard) {
-    if (foreign && device) {
-      mixedDevices(*device, foreign->first, op, *foreign->second);
+    if (C10_LIKELY(device && !foreign && consts.single_device)) {
+      return device->index(); // the only device is the current one: no query
     }
-    if (device && singleDevice()) {
-      return device->index(); // the only device is the current one: no query (cudaGetDevice on CUDA)
-    }
-    const c10::DeviceIndex current = rt.getDevice().index();
-    if (device && device->index() != current) {
-      guard.reset_device(*device);
-    }
-    return device ? device->index() : current;
-  }
-
-  // The device count is fixed for the process (the runtime is chosen once).
-  bool singleDevice() const {
-    static const bool single = rt.deviceCount() == 1;
-    return single;
+    return settleDeviceSlowly(guard);
   }
 
   // For written arguments (in-place, out=): carry a resize or re-pointing
@@ -115,6 +100,7 @@ struct CallState {
   at::Tensor fromNative(at::Tensor t, c10::DeviceIndex index);
 
  private:
+  c10::DeviceIndex settleDeviceSlowly(c10::OptionalDeviceGuard& guard);
   void writeBack(const Alias& a, c10::DeviceIndex index);
   bool isFresh(const c10::StorageImpl* storage) const;
 };

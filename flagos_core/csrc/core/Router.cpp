@@ -24,31 +24,34 @@ constexpr size_t kMaxProviders = 32;
 // a slot when first seen, up to this many.
 constexpr size_t kMaxDynamicSlots = 8192;
 
-struct Slot {
+// A call reads a slot's first four members: one cache line, as slots are
+// line-aligned.
+struct alignas(64) Slot {
   std::atomic<KernelProvider*> provider{nullptr};
   // Everything below is guarded by Router::mutex.
-  std::string name;
+  std::optional<c10::OperatorHandle> handle; // set by describe()
   bool exact_device = false;
   bool writes = false; // published with `provider`
   bool takes_generator = false;
   bool metadata_only = false;
+  std::string name;
   KernelProvider* explicit_provider = nullptr;
   std::string layer = "default";
-  std::optional<c10::OperatorHandle> handle; // set by describe()
 };
 
-struct Router {
-  std::mutex mutex;
+struct alignas(64) Router {
+  // What a call reads, together at the front.
   std::unique_ptr<Slot[]> slots;
+  std::atomic<int> trace_depth{0};
+  std::atomic<bool> log_dispatch{false};
+  std::unique_ptr<std::atomic<uint64_t>[]> counters;
+  std::mutex mutex;
   size_t slot_count = 0;
   size_t capacity = 0;
   std::unordered_map<std::string, size_t> by_name;
   std::unordered_map<const void*, size_t> dynamic_by_op;
   std::vector<std::shared_ptr<KernelProvider>> providers;
   KernelProvider* default_provider = nullptr;
-  std::atomic<int> trace_depth{0};
-  std::atomic<bool> log_dispatch{false};
-  std::unique_ptr<std::atomic<uint64_t>[]> counters;
 
   Router() {
     capacity = generated::kOpTableSize + kMaxDynamicSlots;

@@ -38,7 +38,7 @@ struct Arg {
           !std::is_same_v<std::decay_t<T>, c10::Stream> && !std::is_same_v<std::decay_t<T>, c10::Storage>,
       "flagos: this argument type needs the boxed path");
   using Held = T;
-  static T convert(CallState&, T v, const c10::Argument&) {
+  static T convert(CallState&, T v, size_t) {
     return static_cast<T>(v);
   }
   static T pass(Held& h) {
@@ -49,7 +49,7 @@ struct Arg {
 template <>
 struct Arg<const at::Tensor&> {
   using Held = c10::MaybeOwned<at::Tensor>;
-  static Held convert(CallState& s, const at::Tensor& t, const c10::Argument& a) {
+  static Held convert(CallState& s, const at::Tensor& t, size_t a) {
     return s.toAlias(t, a, false);
   }
   static const at::Tensor& pass(Held& h) {
@@ -60,7 +60,7 @@ struct Arg<const at::Tensor&> {
 template <>
 struct Arg<at::Tensor&> {
   using Held = c10::MaybeOwned<at::Tensor>;
-  static Held convert(CallState& s, const at::Tensor& t, const c10::Argument& a) {
+  static Held convert(CallState& s, const at::Tensor& t, size_t a) {
     return s.toAlias(t, a, false);
   }
   static at::Tensor& pass(Held& h) {
@@ -71,7 +71,7 @@ struct Arg<at::Tensor&> {
 template <>
 struct Arg<const std::optional<at::Tensor>&> {
   using Held = std::optional<at::Tensor>;
-  static Held convert(CallState& s, const std::optional<at::Tensor>& t, const c10::Argument& a) {
+  static Held convert(CallState& s, const std::optional<at::Tensor>& t, size_t a) {
     return t.has_value() ? Held(*s.toAlias(*t, a, false)) : std::nullopt;
   }
   static const Held& pass(Held& h) {
@@ -80,7 +80,7 @@ struct Arg<const std::optional<at::Tensor>&> {
 };
 
 template <class List>
-std::vector<at::Tensor> aliasesOf(CallState& s, const List& list, const c10::Argument& a) {
+std::vector<at::Tensor> aliasesOf(CallState& s, const List& list, size_t a) {
   std::vector<at::Tensor> out;
   out.reserve(list.size());
   for (const at::Tensor& t : list) {
@@ -92,7 +92,7 @@ std::vector<at::Tensor> aliasesOf(CallState& s, const List& list, const c10::Arg
 template <>
 struct Arg<at::TensorList> {
   using Held = std::vector<at::Tensor>;
-  static Held convert(CallState& s, at::TensorList list, const c10::Argument& a) {
+  static Held convert(CallState& s, at::TensorList list, size_t a) {
     return aliasesOf(s, list, a);
   }
   static at::TensorList pass(Held& h) {
@@ -103,7 +103,7 @@ struct Arg<at::TensorList> {
 template <>
 struct Arg<const at::ITensorListRef&> {
   using Held = std::vector<at::Tensor>;
-  static Held convert(CallState& s, const at::ITensorListRef& list, const c10::Argument& a) {
+  static Held convert(CallState& s, const at::ITensorListRef& list, size_t a) {
     return aliasesOf(s, list, a);
   }
   static at::ITensorListRef pass(Held& h) {
@@ -114,7 +114,7 @@ struct Arg<const at::ITensorListRef&> {
 template <>
 struct Arg<const c10::List<std::optional<at::Tensor>>&> {
   using Held = c10::List<std::optional<at::Tensor>>;
-  static Held convert(CallState& s, const c10::List<std::optional<at::Tensor>>& list, const c10::Argument& a) {
+  static Held convert(CallState& s, const c10::List<std::optional<at::Tensor>>& list, size_t a) {
     Held out;
     out.reserve(list.size());
     for (const std::optional<at::Tensor>& t : list) {
@@ -193,12 +193,6 @@ struct DirectView<at::_ops::as_strided> {
   }
 };
 
-inline bool nativeViewsAreAten(DeviceRuntime& rt) {
-  static const bool direct =
-      rt.nativeDispatchKey() == c10::DispatchKey::CPU || rt.nativeDispatchKey() == c10::DispatchKey::CUDA;
-  return direct;
-}
-
 template <class Op, class Sig = typename Op::schema>
 struct Kernel;
 
@@ -215,30 +209,29 @@ struct Kernel<Op, R(A...)> {
     if (C10_UNLIKELY(provider == nullptr)) { // a conf routed it elsewhere
       return c10::impl::BoxedKernelWrapper<R(A...)>::call(*boxed, *sc.op, keys, std::forward<A>(args)...);
     }
-    DeviceRuntime& rt = activeRuntime();
+    const detail::CallConstants& c = detail::callConstants();
     if (sc.info.metadata_only) {
       if constexpr (DirectView<Op>::kAvailable) {
-        if (nativeViewsAreAten(rt)) {
+        if (c.direct_views) {
           return DirectView<Op>::call(std::forward<A>(args)...);
         }
       }
-      return Op::redispatch(detail::nativeKeys(rt), std::forward<A>(args)...);
+      return Op::redispatch(c.native_keys, std::forward<A>(args)...);
     }
-    CallState state(*sc.op, sc.info, rt);
+    CallState state(*sc.op, sc.info, c);
     return run(state, *provider, std::index_sequence_for<A...>{}, std::forward<A>(args)...);
   }
 
  private:
   template <size_t... I>
   static R run(CallState& state, RelabelProvider& provider, std::index_sequence<I...>, A... args) {
-    const auto& schema_args = state.op.schema().arguments();
     // Braced initialisation: arguments convert left to right, as in the schema.
-    std::tuple<typename Arg<A>::Held...> held{Arg<A>::convert(state, args, schema_args[I])...};
+    std::tuple<typename Arg<A>::Held...> held{Arg<A>::convert(state, args, I)...};
     c10::OptionalDeviceGuard guard;
     const c10::DeviceIndex index = state.settleDevice(guard);
     auto native = [&]() -> decltype(auto) {
       NativeScope scope(provider, index);
-      return Op::redispatch(detail::nativeKeys(state.rt), Arg<A>::pass(std::get<I>(held))...);
+      return Op::redispatch(state.consts.native_keys, Arg<A>::pass(std::get<I>(held))...);
     };
     if constexpr (std::is_void_v<R> || std::is_same_v<R, at::Tensor&>) {
       native();
