@@ -6,6 +6,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <new>
+#include <type_traits>
 
 namespace flagos::host {
 
@@ -19,6 +21,10 @@ constexpr size_t kAlignment = 64;
 constexpr size_t kSmallRound = 512;
 constexpr size_t kLargeThreshold = 1 << 20;
 constexpr size_t kLargeRound = 1 << 16;
+// Each block's bookkeeping sits in the kAlignment bytes in front of its data,
+// so a free finds it from the data pointer with no lookup (every kernel
+// output on this runtime is freed that way, see allocateOn).
+constexpr size_t kHeader = kAlignment;
 
 size_t roundSize(size_t n) {
   const size_t unit = n < kLargeThreshold ? kSmallRound : kLargeRound;
@@ -47,6 +53,7 @@ struct HostCachingAllocator::Block {
   size_t requested;
   Pool* pool;
 };
+static_assert(sizeof(HostCachingAllocator::Block) <= kHeader && std::is_trivially_destructible_v<HostCachingAllocator::Block>);
 
 struct HostCachingAllocator::Pool {
   std::mutex mutex;
@@ -55,8 +62,8 @@ struct HostCachingAllocator::Pool {
   std::vector<std::vector<Block*>> small_free = std::vector<std::vector<Block*>>(kLargeThreshold / kSmallRound);
   std::unordered_map<size_t, std::vector<Block*>> large_free;
   // Every block this pool holds, by data pointer: changes only when memory
-  // comes from or goes back to the system, and finds the block of a
-  // data-as-context pointer (see allocateOn) when it is freed.
+  // comes from or goes back to the system, and tells raw_deallocate'd
+  // pointers of this pool from the CPU allocator's (releaseByData).
   std::unordered_map<void*, Block*> by_data;
   DeviceStats stats;
 
@@ -90,16 +97,21 @@ struct HostCachingAllocator::Pool {
 };
 
 namespace {
-HostCachingAllocator* g_allocator = nullptr; // the one instance; lives for the process
 
 void freeBlock(void* ctx) {
   auto* block = static_cast<HostCachingAllocator::Block*>(ctx);
   block->pool->release(block);
 }
 
+HostCachingAllocator::Block* blockOf(void* data) {
+  return reinterpret_cast<HostCachingAllocator::Block*>(static_cast<char*>(data) - kHeader);
+}
+
+// Only ever the deleter of this pool's blocks: the header is there.
 void freeBlockByData(void* data) {
-  const bool released = g_allocator->releaseByData(data);
-  TORCH_INTERNAL_ASSERT(released, "flagos: freeing host memory the pool does not know");
+  HostCachingAllocator::Block* block = blockOf(data);
+  TORCH_INTERNAL_ASSERT(block->data == data, "flagos: freeing host memory the pool does not know");
+  block->pool->release(block);
 }
 } // namespace
 
@@ -116,8 +128,6 @@ HostCachingAllocator::HostCachingAllocator(
     c10::DeviceIndex devices,
     std::function<c10::DeviceIndex()> current_device)
     : current_device_(std::move(current_device)) {
-  TORCH_INTERNAL_ASSERT(g_allocator == nullptr, "flagos: one host allocator per process");
-  g_allocator = this;
   for (c10::DeviceIndex i = 0; i < devices; ++i) {
     pools_.push_back(std::make_unique<Pool>());
   }
@@ -146,10 +156,10 @@ c10::DataPtr HostCachingAllocator::allocateOn(size_t nbytes, c10::DeviceIndex in
     block = free_list.back();
     free_list.pop_back();
   } else {
-    void* data = std::aligned_alloc(kAlignment, size);
-    TORCH_CHECK(data != nullptr, "flagos: host device out of memory allocating ", size, " bytes");
-    block = new Block{data, size, 0, &pool};
-    pool.by_data.emplace(data, block);
+    void* raw = std::aligned_alloc(kAlignment, kHeader + size);
+    TORCH_CHECK(raw != nullptr, "flagos: host device out of memory allocating ", size, " bytes");
+    block = new (raw) Block{static_cast<char*>(raw) + kHeader, size, 0, &pool};
+    pool.by_data.emplace(block->data, block);
     update(pool.stats.reserved_bytes, static_cast<int64_t>(size));
     update(pool.stats.segment, 1);
   }
@@ -175,10 +185,9 @@ void HostCachingAllocator::emptyCache(c10::MempoolId_t /*pool*/) {
     auto release = [&](std::vector<Block*>& blocks) {
       for (Block* block : blocks) {
         pool->by_data.erase(block->data);
-        std::free(block->data);
         update(pool->stats.reserved_bytes, -static_cast<int64_t>(block->size));
         update(pool->stats.segment, -1);
-        delete block;
+        std::free(block); // the header starts the allocation
       }
       blocks.clear();
     };

@@ -24,8 +24,8 @@ class HostCachingAllocator final : public c10::DeviceAllocator {
   // Memory of flagos:<index>, labelled `label` (the CPU label while a CPU
   // kernel runs on it, relabelled flagos afterwards). With `data_as_context`
   // the DataPtr's context is its data pointer, as c10's raw_allocate demands
-  // of CPU allocations (oneDNN scratch memory goes that way); such blocks are
-  // freed by releaseByData.
+  // of CPU allocations (oneDNN scratch memory goes that way); the DataPtr
+  // frees such a block from its header, raw_deallocate through releaseByData.
   c10::DataPtr allocateOn(size_t nbytes, c10::DeviceIndex index, c10::Device label, bool data_as_context = false);
   // Frees a data_as_context block; false if `data` is not one.
   bool releaseByData(void* data);
