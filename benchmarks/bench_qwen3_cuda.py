@@ -190,25 +190,31 @@ def main():
         print(f"pinned to CPUs {cpus}")
     assert flagos_core.runtime()["name"] == "cuda", "flagos is not on the cuda runtime here"
     rows, timed_equal = [], []
+    start = time.perf_counter()
+
+    def add(r):  # with a progress line, so a run cut short still shows its rows
+        rows.append(r)
+        print(f"[{time.perf_counter() - start:4.0f} s] {r['measure']}: {r['ratio']:.3f}", flush=True)
+
     native = NativeSide()
     try:
         for batch, seq, steps, rounds in () if args.decode_only else TRAINING:
             tok_s, pairs, same_timed, peaks = bench_training(native, batch, seq, steps, rounds)
             same = deterministic_losses_equal(native, batch, seq, 8 if batch == 1 else 3)
             timed_equal.append(f"{batch}x{seq} {'equal' if same_timed else 'not equal'}")
-            rows.append(row(f"train bf16 {batch}x{seq} tok/s", tok_s, pairs, ">= 0.98", same))
-            rows.append(row(f"peak mem train {batch}x{seq} MiB", {s: b / 2**20 for s, b in peaks.items()},
+            add(row(f"train bf16 {batch}x{seq} tok/s", tok_s, pairs, ">= 0.98", same))
+            add(row(f"peak mem train {batch}x{seq} MiB", {s: b / 2**20 for s, b in peaks.items()},
                             (None, None), "<= 1.01", None))
     finally:
         native.close()
     models = {side: qwen3_06b.build(side, torch.bfloat16).eval() for side in SIDES}
     prompt = qwen3_06b.batches(1, 1, 16)[0]
     tok_s, pairs, same = bench_decode(models, prompt, args.rounds, 64)
-    rows.append(row("decode bs1 64 tokens tok/s", tok_s, pairs, ">= 0.97", same))
+    add(row("decode bs1 64 tokens tok/s", tok_s, pairs, ">= 0.97", same))
     tok_s, pairs, same = bench_decode_steps(models, prompt, args.step_rounds, 64)
-    rows.append(row("decode, sides alternate per token", tok_s, pairs, ">= 0.97", same))
+    add(row("decode, sides alternate per token", tok_s, pairs, ">= 0.97", same))
     tok_s, pairs, same, same_dynamic = bench_decode_graphed(models, prompt, args.rounds, 64)
-    rows.append(row("decode bs1 64 tok graph tok/s", tok_s, pairs, "-", same))
+    add(row("decode bs1 64 tok graph tok/s", tok_s, pairs, "-", same))
     del models
     torch.cuda.empty_cache()
 

@@ -3,6 +3,7 @@ the model, a training step and greedy decoding (generate, and a static-cache
 loop that can replay one decode step as a CUDA graph), shared by the GPU
 parity tests and the GPU benchmark."""
 
+import copy
 import inspect
 import time
 
@@ -27,12 +28,22 @@ def config(**overrides):
     return Qwen3Config(**fields)
 
 
+# CPU models as initialised, per (dtype, seed, overrides), for this process.
+_initialised = {}
+
+
 def build(device, dtype, seed=0, **overrides):
+    """A random-init Qwen3 in `dtype` on `device`, the same weights on every
+    device (initialised on CPU). The CPU model is made once per process and
+    copied for each call: initialising 0.6B parameters takes seconds, and the
+    benchmarks and tests build the same model many times."""
     from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config(**overrides)).to(dtype)  # same init on CPU for both sides
-    return model.to(device)
+    key = (dtype, seed, tuple(sorted(overrides.items())))
+    if key not in _initialised:
+        _initialised[key] = Qwen3ForCausalLM(config(**overrides)).to(dtype)
+    return copy.deepcopy(_initialised[key]).to(device)
 
 
 def batches(steps, batch, seq, seed=1, vocab=151936):
