@@ -21,7 +21,11 @@ runs both sides in this process. --pin pins both processes to the same two
 CPUs; off by default, because it slowed flagos's 1 x 128 training far more
 than native's (docs/performance.md).
 
-    python benchmarks/bench_qwen3_cuda.py [--rounds 5] [--step-rounds 3] [--json PATH] [--pin] [--decode-only]
+    python benchmarks/bench_qwen3_cuda.py [--rounds 5] [--step-rounds 3] [--json PATH] [--pin]
+                                          [--decode-only | --native-only]
+
+--native-only times the training rows with native CUDA on both sides (two
+helper processes): what the rows read when there is nothing to find.
 """
 
 import argparse
@@ -66,27 +70,44 @@ def summary(work, seconds):
     return rates, quartiles(pairs)
 
 
-def bench_training(native, batch, seq, steps, rounds):
-    common = dict(batch=batch, seq=seq, steps_per_block=steps, blocks=rounds + 1)
-    native("trainer", dtype="bfloat16", **common)
-    local = qwen3_06b.Trainer("flagos", torch.bfloat16, **common)
-    seconds = {side: [] for side in SIDES}
-    losses = {side: [] for side in SIDES}
+class RemoteTrainer:
+    """A bf16 qwen3_06b.Trainer in a native_side.py process, with the same
+    methods as a local one."""
 
-    def native_block(index):
-        reply = native("block", index=index)
+    def __init__(self, side, **common):
+        self.side = side
+        side("trainer", dtype="bfloat16", **common)
+
+    def block(self, index):
+        reply = self.side("block", index=index)
         return reply["seconds"], reply["losses"]
 
-    blocks = {"cuda": native_block, "flagos": local.block}
+    def peak_bytes(self, index):
+        return self.side("peak", index=index)["bytes"]
+
+    def close(self):
+        self.side("close")
+
+
+def bench_training(native, batch, seq, steps, rounds, second_native=None):
+    """Native (in its helper process) against flagos, or, given
+    second_native, against native CUDA in a second helper process: the same
+    measurement with nothing to find, its noise floor."""
+    common = dict(batch=batch, seq=seq, steps_per_block=steps, blocks=rounds + 1)
+    trainers = {"cuda": RemoteTrainer(native, **common)}
+    trainers["flagos"] = (qwen3_06b.Trainer("flagos", torch.bfloat16, **common) if second_native is None
+                          else RemoteTrainer(second_native, **common))
+    seconds = {side: [] for side in SIDES}
+    losses = {side: [] for side in SIDES}
     for r, order in alternating(rounds):
         for side in order:
-            block_seconds, block_losses = blocks[side](r)
+            block_seconds, block_losses = trainers[side].block(r)
             losses[side] += block_losses
             if r > 0:
                 seconds[side].append(block_seconds)
-    peaks = {"cuda": native("peak", index=0)["bytes"], "flagos": local.peak_bytes(0)}
-    native("close")
-    local.close()
+    peaks = {side: trainer.peak_bytes(0) for side, trainer in trainers.items()}
+    for trainer in trainers.values():
+        trainer.close()
     tok_s, pairs = summary(batch * seq * steps, seconds)
     return tok_s, pairs, losses["cuda"] == losses["flagos"], peaks
 
@@ -183,7 +204,11 @@ def main():
     parser.add_argument("--json")
     parser.add_argument("--pin", action="store_true", help="pin both processes to the same two CPUs")
     parser.add_argument("--decode-only", action="store_true", help="skip the training rows")
+    parser.add_argument("--native-only", action="store_true",
+                        help="training rows only, native CUDA in two helper processes: the rows' noise floor")
     args = parser.parse_args()
+    if args.native_only and args.decode_only:
+        parser.error("--native-only times training only; it cannot go with --decode-only")
     if args.pin:
         cpus = sorted(os.sched_getaffinity(0))[:2]
         os.sched_setaffinity(0, cpus)  # before the native helper starts: it inherits the pin
@@ -197,16 +222,23 @@ def main():
         print(f"[{time.perf_counter() - start:4.0f} s] {r['measure']}: {r['ratio']:.3f}", flush=True)
 
     native = NativeSide()
+    second_native = NativeSide() if args.native_only else None
     try:
         for batch, seq, steps, rounds in () if args.decode_only else TRAINING:
-            tok_s, pairs, same_timed, peaks = bench_training(native, batch, seq, steps, rounds)
-            same = deterministic_losses_equal(native, batch, seq, 8 if batch == 1 else 3)
+            tok_s, pairs, same_timed, peaks = bench_training(native, batch, seq, steps, rounds, second_native)
+            same = None if args.native_only else deterministic_losses_equal(native, batch, seq, 8 if batch == 1 else 3)
             timed_equal.append(f"{batch}x{seq} {'equal' if same_timed else 'not equal'}")
             add(row(f"train bf16 {batch}x{seq} tok/s", tok_s, pairs, ">= 0.98", same))
             add(row(f"peak mem train {batch}x{seq} MiB", {s: b / 2**20 for s, b in peaks.items()},
-                            (None, None), "<= 1.01", None))
+                    (None, None), "<= 1.01", None))
     finally:
         native.close()
+        if second_native is not None:
+            second_native.close()
+    if args.native_only:
+        report(rows, args.json, "native-only: both columns are native CUDA, each in its own helper process; "
+               "losses of the timed passes: " + ", ".join(timed_equal))
+        return
     models = {side: qwen3_06b.build(side, torch.bfloat16).eval() for side in SIDES}
     prompt = qwen3_06b.batches(1, 1, 16)[0]
     tok_s, pairs, same = bench_decode(models, prompt, args.rounds, 64)
@@ -218,6 +250,19 @@ def main():
     del models
     torch.cuda.empty_cache()
 
+    notes = []
+    if not args.decode_only:
+        notes.append("train rows: exact = losses bitwise equal with deterministic algorithms on both sides; "
+                     "losses of the timed passes (default kernels): " + ", ".join(timed_equal))
+    notes.append("per-token row: greedy with the dynamic cache, one forward per token, no generate loop around it")
+    notes.append("graph row: flagos replays a CUDA graph per token, native runs eager generate; exact compares "
+                 "with native generate on the same static cache; with the timed native (dynamic cache) tokens: "
+                 + ("equal" if same_dynamic else "not equal"))
+    report(rows, args.json, *notes)
+
+
+def report(rows, json_path, *notes):
+    """The table, notes under it, and the rows as JSON if asked."""
     print(f"\nQwen3-0.6B, {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     print(f"{'measure':34s} {'native':>10s} {'flagos':>10s} {'ratio':>7s} {'pairs q1-q3':>13s} {'target':>8s}  exact")
     for r in rows:
@@ -226,15 +271,10 @@ def main():
         pairs = "-" if q1 is None else f"{q1:.3f}-{q3:.3f}"
         print(f"{r['measure']:34s} {r['native']:10.1f} {r['flagos']:10.1f} {r['ratio']:7.3f} {pairs:>13s} "
               f"{r['target']:>8s}  {exact}")
-    if not args.decode_only:
-        print("train rows: exact = losses bitwise equal with deterministic algorithms on both sides; "
-              "losses of the timed passes (default kernels): " + ", ".join(timed_equal))
-    print("per-token row: greedy with the dynamic cache, one forward per token, no generate loop around it")
-    print("graph row: flagos replays a CUDA graph per token, native runs eager generate; exact compares with "
-          "native generate on the same static cache; with the timed native (dynamic cache) tokens: "
-          + ("equal" if same_dynamic else "not equal"))
-    if args.json:
-        with open(args.json, "w") as out:
+    for note in notes:
+        print(note)
+    if json_path:
+        with open(json_path, "w") as out:
             json.dump(rows, out, indent=1)
 
 
