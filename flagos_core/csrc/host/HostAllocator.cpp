@@ -22,8 +22,7 @@ constexpr size_t kSmallRound = 512;
 constexpr size_t kLargeThreshold = 1 << 20;
 constexpr size_t kLargeRound = 1 << 16;
 // Each block's bookkeeping sits in the kAlignment bytes in front of its data,
-// so a free finds it from the data pointer with no lookup (every kernel
-// output on this runtime is freed that way, see allocateOn).
+// so a free finds it from the data pointer with no lookup.
 constexpr size_t kHeader = kAlignment;
 
 size_t roundSize(size_t n) {
@@ -98,18 +97,10 @@ struct HostCachingAllocator::Pool {
 
 namespace {
 
-void freeBlock(void* ctx) {
-  auto* block = static_cast<HostCachingAllocator::Block*>(ctx);
-  block->pool->release(block);
-}
-
-HostCachingAllocator::Block* blockOf(void* data) {
-  return reinterpret_cast<HostCachingAllocator::Block*>(static_cast<char*>(data) - kHeader);
-}
-
-// Only ever the deleter of this pool's blocks: the header is there.
-void freeBlockByData(void* data) {
-  HostCachingAllocator::Block* block = blockOf(data);
+// The deleter of every block this pool hands out (context = data pointer):
+// the header is there.
+void freeBlock(void* data) {
+  auto* block = reinterpret_cast<HostCachingAllocator::Block*>(static_cast<char*>(data) - kHeader);
   TORCH_INTERNAL_ASSERT(block->data == data, "flagos: freeing host memory the pool does not know");
   block->pool->release(block);
 }
@@ -141,7 +132,7 @@ c10::DataPtr HostCachingAllocator::allocate(size_t nbytes) {
   return allocateOn(nbytes, index, c10::Device(c10::DeviceType::PrivateUse1, index));
 }
 
-c10::DataPtr HostCachingAllocator::allocateOn(size_t nbytes, c10::DeviceIndex index, c10::Device label, bool data_as_context) {
+c10::DataPtr HostCachingAllocator::allocateOn(size_t nbytes, c10::DeviceIndex index, c10::Device label) {
   TORCH_CHECK(
       index >= 0 && static_cast<size_t>(index) < pools_.size(), "flagos: no host device ", static_cast<int>(index));
   if (nbytes == 0) {
@@ -169,10 +160,7 @@ c10::DataPtr HostCachingAllocator::allocateOn(size_t nbytes, c10::DeviceIndex in
   update(pool.stats.requested_bytes, static_cast<int64_t>(nbytes));
   update(pool.stats.allocation, 1);
   update(pool.stats.active, 1);
-  if (data_as_context) {
-    return c10::DataPtr(block->data, block->data, &freeBlockByData, label);
-  }
-  return c10::DataPtr(block->data, block, &freeBlock, label);
+  return c10::DataPtr(block->data, block->data, &freeBlock, label);
 }
 
 void HostCachingAllocator::copy_data(void* dest, const void* src, std::size_t count) const {

@@ -22,12 +22,12 @@ class HostCachingAllocator final : public c10::DeviceAllocator {
 
   c10::DataPtr allocate(size_t nbytes) override;
   // Memory of flagos:<index>, labelled `label` (the CPU label while a CPU
-  // kernel runs on it, relabelled flagos afterwards). With `data_as_context`
-  // the DataPtr's context is its data pointer, as c10's raw_allocate demands
-  // of CPU allocations (oneDNN scratch memory goes that way); the DataPtr
-  // frees such a block from its header, raw_deallocate through releaseByData.
-  c10::DataPtr allocateOn(size_t nbytes, c10::DeviceIndex index, c10::Device label, bool data_as_context = false);
-  // Frees a data_as_context block; false if `data` is not one.
+  // kernel runs on it, relabelled flagos afterwards). The DataPtr's context
+  // is its data pointer, as c10's raw_allocate demands of CPU allocations
+  // (oneDNN scratch memory goes that way); raw_deallocate frees through
+  // releaseByData.
+  c10::DataPtr allocateOn(size_t nbytes, c10::DeviceIndex index, c10::Device label);
+  // Frees a block of this pool by its data pointer; false if `data` is not one.
   bool releaseByData(void* data);
 
   c10::DeleterFnPtr raw_deleter() const override {

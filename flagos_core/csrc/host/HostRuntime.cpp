@@ -54,7 +54,7 @@ class RedirectingCpuAllocator final : public c10::Allocator {
   RedirectingCpuAllocator(const RedirectingCpuAllocator&) = delete;
   c10::DataPtr allocate(size_t n) override {
     if (t_redirect_device >= 0) {
-      return pool_->allocateOn(n, t_redirect_device, c10::Device(c10::DeviceType::CPU), /*data_as_context=*/true);
+      return pool_->allocateOn(n, t_redirect_device, c10::Device(c10::DeviceType::CPU));
     }
     return base_->allocate(n);
   }
