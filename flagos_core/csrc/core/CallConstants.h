@@ -34,7 +34,7 @@ struct alignas(64) CallConstants {
 
   // Where flagos device `index`'s memory is addressed natively.
   c10::Device nativeDevice(c10::DeviceIndex index) const {
-    return native_type == c10::DeviceType::CPU ? c10::Device(c10::DeviceType::CPU) : c10::Device(native_type, index);
+    return DeviceRuntime::nativeDeviceOf(native_type, index);
   }
 };
 

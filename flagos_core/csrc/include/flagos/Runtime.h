@@ -39,9 +39,11 @@ class FLAGOS_API DeviceRuntime : public c10::impl::DeviceGuardImplInterface {
   virtual c10::DeviceType nativeDeviceType() const = 0;
   virtual c10::DispatchKey nativeDispatchKey() const = 0;
   c10::Device nativeDevice(c10::DeviceIndex index) const {
-    return nativeDeviceType() == c10::DeviceType::CPU
-        ? c10::Device(c10::DeviceType::CPU)
-        : c10::Device(nativeDeviceType(), index);
+    return nativeDeviceOf(nativeDeviceType(), index);
+  }
+  // The same for a given native device type (CPU has one device, no index).
+  static c10::Device nativeDeviceOf(c10::DeviceType native_type, c10::DeviceIndex index) {
+    return native_type == c10::DeviceType::CPU ? c10::Device(c10::DeviceType::CPU) : c10::Device(native_type, index);
   }
 
   // Allocations labelled flagos:<current device>; statistics per device.
