@@ -139,15 +139,23 @@ def timed(run):
     return time.perf_counter() - start, result
 
 
-def bench_decode(models, prompt, rounds, new_tokens):
-    """Whole generate calls per block."""
+def timed_rounds(runs, rounds):
+    """Each side's run once per round, the sides alternating (alternating()):
+    ({side: seconds of each timed round}, {side: its last run's result})."""
     seconds = {side: [] for side in SIDES}
-    tokens = {}
+    results = {}
     for r, order in alternating(rounds):
         for side in order:
-            took, tokens[side] = timed(lambda: qwen3_06b.greedy(models[side], prompt, new_tokens, side))
+            took, results[side] = timed(runs[side])
             if r > 0:
                 seconds[side].append(took)
+    return seconds, results
+
+
+def bench_decode(models, prompt, rounds, new_tokens):
+    """Whole generate calls per block."""
+    runs = {side: (lambda side=side: qwen3_06b.greedy(models[side], prompt, new_tokens, side)) for side in SIDES}
+    seconds, tokens = timed_rounds(runs, rounds)
     tok_s, pairs = summary(new_tokens, seconds)
     return tok_s, pairs, torch.equal(tokens["cuda"], tokens["flagos"])
 
@@ -180,13 +188,7 @@ def bench_decode_graphed(models, prompt, rounds, new_tokens):
         "cuda": lambda: qwen3_06b.greedy(models["cuda"], prompt, new_tokens, "cuda"),
         "flagos": lambda: qwen3_06b.greedy_graphed(models["flagos"], prompt, new_tokens, "flagos"),
     }
-    seconds = {side: [] for side in SIDES}
-    tokens = {}
-    for r, order in alternating(rounds):
-        for side in order:
-            took, tokens[side] = timed(runs[side])
-            if r > 0:
-                seconds[side].append(took)
+    seconds, tokens = timed_rounds(runs, rounds)
     static = qwen3_06b.greedy(models["cuda"], prompt, new_tokens, "cuda", static_cache=True)
     tok_s, pairs = summary(new_tokens, seconds)
     return tok_s, pairs, torch.equal(tokens["flagos"], static), torch.equal(tokens["flagos"], tokens["cuda"])
