@@ -205,7 +205,7 @@ def main(argv=None):
                      "ratio": t_flagos / t_native, "target": op_target})
     losses_equal = None
     # A native CUDA backward cannot run in a process that registered flagos
-    # (native_side.py says why): on cuda, training is bench_qwen3_cuda.py's.
+    # (side_process.py says why): on cuda, training is bench_qwen3_cuda.py's.
     if native.type != "cuda":
         s_native, s_flagos, losses_equal = bench_train(demo, native, flagos, train_rounds, steps_per_block, clock)
         rows.append({"name": "tiny Qwen3 train step", "unit": "ms/step", "native": s_native * 1e3,

@@ -6,9 +6,17 @@ eager), peak memory of a training step. Medians, ratios.
 Interleaving: the lent GPU machine's host speed drifts within seconds, so
 the sides alternate in short blocks (training: one or two steps; decode:
 whole generate calls, and in the step-interleaved row single tokens), and
-which side goes first alternates too. The "pairs" column gives the spread
-(quartiles) of the ratio taken within each round: how far one run's ratio
-can be trusted.
+which side goes first alternates too.
+
+Training runs each side in a process of its own (side_process.py says why),
+and in several fresh pairs of processes (--pairs): two processes of one
+program differ in speed by up to ~10% on the lent machine, whichever device
+they drive, so one pair cannot tell a few percent. Decode runs both sides in
+this process.
+
+The "spread" column gives the quartiles of the ratio over its samples: for
+decode the ratio within each round, for training the ratio of each pair of
+processes. How far the row's ratio can be trusted.
 
 Exactness: training losses are compared in a separate short pass with
 torch.use_deterministic_algorithms on both sides, because native CUDA is not
@@ -16,22 +24,19 @@ reproducible against itself at 8 x 1024 (its attention backward accumulates
 with atomics: two native runs part in the 5th step). The timed passes use the
 default kernels, as users do; whether their losses matched is printed too.
 
-Native training runs in a helper process (native_side.py says why); decode
-runs both sides in this process. --pin pins both processes to the same two
-CPUs; off by default, because it slowed flagos's 1 x 128 training far more
-than native's (docs/performance.md).
-
-    python benchmarks/bench_qwen3_cuda.py [--rounds 5] [--step-rounds 3] [--json PATH] [--pin]
+    python benchmarks/bench_qwen3_cuda.py [--pairs 5] [--rounds 5] [--step-rounds 3] [--json PATH]
                                           [--decode-only | --native-only]
 
---native-only times the training rows with native CUDA on both sides (two
-helper processes): what the rows read when there is nothing to find.
+--native-only times the training rows with native CUDA on both sides (both
+in processes of their own, as flagos's are): what the rows read when there
+is nothing to find.
 """
 
 import argparse
 import json
 import os
 import statistics
+import tempfile
 import time
 
 # Deterministic cuBLAS (the exactness pass) needs a fixed workspace; set
@@ -43,11 +48,11 @@ import torch  # noqa: E402
 import flagos_core  # noqa: E402
 import qwen3_06b  # noqa: E402
 from bench_decode_steps import decode_round  # noqa: E402
-from native_side import NativeSide  # noqa: E402
+from side_process import SideProcess  # noqa: E402
 
 SIDES = ("cuda", "flagos")
-# (batch, seq, steps per block, rounds): short blocks, many rounds.
-TRAINING = ((1, 128, 2, 15), (8, 1024, 1, 9))
+# (batch, seq, steps per block, rounds per pair of processes): short blocks.
+TRAINING = ((1, 128, 2, 6), (8, 1024, 1, 4))
 
 
 def alternating(rounds):
@@ -66,69 +71,82 @@ def summary(work, seconds):
     """{side: work per second from the median block}, and the quartiles of
     flagos's speed over native's within each round."""
     rates = {side: work / statistics.median(s) for side, s in seconds.items()}
-    pairs = [n / f for n, f in zip(seconds["cuda"], seconds["flagos"])]
-    return rates, quartiles(pairs)
+    return rates, quartiles([n / f for n, f in zip(seconds["cuda"], seconds["flagos"])])
 
 
-class RemoteTrainer:
-    """A bf16 qwen3_06b.Trainer in a native_side.py process, with the same
-    methods as a local one."""
-
-    def __init__(self, side, **common):
-        self.side = side
-        side("trainer", dtype="bfloat16", **common)
-
-    def block(self, index):
-        reply = self.side("block", index=index)
-        return reply["seconds"], reply["losses"]
-
-    def peak_bytes(self, index):
-        return self.side("peak", index=index)["bytes"]
-
-    def close(self):
-        self.side("close")
-
-
-def bench_training(native, batch, seq, steps, rounds, second_native=None):
-    """Native (in its helper process) against flagos, or, given
-    second_native, against native CUDA in a second helper process: the same
-    measurement with nothing to find, its noise floor."""
-    common = dict(batch=batch, seq=seq, steps_per_block=steps, blocks=rounds + 1)
-    trainers = {"cuda": RemoteTrainer(native, **common)}
-    trainers["flagos"] = (qwen3_06b.Trainer("flagos", torch.bfloat16, **common) if second_native is None
-                          else RemoteTrainer(second_native, **common))
+def train_pair(procs, batch, seq, steps, rounds, model_path):
+    """One training size on one pair of side processes: ({side: median block
+    seconds}, whether the timed losses were equal, {side: peak bytes})."""
+    common = dict(dtype="bfloat16", batch=batch, seq=seq, steps_per_block=steps, blocks=rounds + 2,
+                  model_path=model_path)
+    for proc in procs.values():
+        proc("trainer", **common)
     seconds = {side: [] for side in SIDES}
     losses = {side: [] for side in SIDES}
     for r, order in alternating(rounds):
         for side in order:
-            block_seconds, block_losses = trainers[side].block(r)
-            losses[side] += block_losses
+            reply = procs[side]("block", index=r)
+            losses[side] += reply["losses"]
             if r > 0:
-                seconds[side].append(block_seconds)
-    peaks = {side: trainer.peak_bytes(0) for side, trainer in trainers.items()}
-    for trainer in trainers.values():
-        trainer.close()
-    tok_s, pairs = summary(batch * seq * steps, seconds)
-    return tok_s, pairs, losses["cuda"] == losses["flagos"], peaks
+                seconds[side].append(reply["seconds"])
+    peaks = {side: proc("peak", index=rounds + 1)["bytes"] for side, proc in procs.items()}
+    for proc in procs.values():
+        proc("close")
+    medians = {side: statistics.median(s) for side, s in seconds.items()}
+    return medians, losses["cuda"] == losses["flagos"], peaks
 
 
-def deterministic_losses_equal(native, batch, seq, steps):
+def deterministic_losses_equal(procs, batch, seq, steps, model_path):
     """Whether one block of training gives bitwise equal losses on both sides
     with deterministic algorithms on (then switched off again)."""
-    native("deterministic", on=True)
-    torch.use_deterministic_algorithms(True)
-    try:
-        common = dict(batch=batch, seq=seq, steps_per_block=steps, blocks=1)
-        native("trainer", dtype="bfloat16", **common)
-        reference = native("block", index=0)["losses"]
-        native("close")
-        local = qwen3_06b.Trainer("flagos", torch.bfloat16, **common)
-        _, flagos_losses = local.block(0)
-        local.close()
-    finally:
-        native("deterministic", on=False)
-        torch.use_deterministic_algorithms(False)
-    return reference == flagos_losses
+    losses = {}
+    for side, proc in procs.items():
+        proc("deterministic", on=True)
+        try:
+            proc("trainer", dtype="bfloat16", batch=batch, seq=seq, steps_per_block=steps, blocks=1,
+                 model_path=model_path)
+            losses[side] = proc("block", index=0)["losses"]
+            proc("close")
+        finally:
+            proc("deterministic", on=False)
+    return losses["cuda"] == losses["flagos"]
+
+
+def bench_training(devices, model_path, pairs, check_exact=True):
+    """Each side trains in a process of its own (side_process.py says why),
+    in `pairs` fresh pairs of processes, the sides alternating block by block
+    within a pair. A size's ratio is the median over the pairs of native's
+    median block time over flagos's, its spread the quartiles of those
+    per-pair ratios. {(batch, seq): dict(tok_s, ratio, spread, same_timed,
+    peaks, same)}; same is None without check_exact."""
+    found = {size[:2]: dict(medians={side: [] for side in SIDES}, ratios=[], same_timed=True, peaks=None, same=None)
+             for size in TRAINING}
+    for p in range(pairs):
+        # Started together, the first one alternating: neither side always
+        # gets the first pick of the machine.
+        procs = {side: SideProcess(devices[side]) for side in (SIDES if p % 2 == 0 else SIDES[::-1])}
+        try:
+            for batch, seq, steps, rounds in TRAINING:
+                medians, same_timed, peaks = train_pair(procs, batch, seq, steps, rounds, model_path)
+                entry = found[batch, seq]
+                for side in SIDES:
+                    entry["medians"][side].append(medians[side])
+                entry["ratios"].append(medians["cuda"] / medians["flagos"])
+                entry["same_timed"] = entry["same_timed"] and same_timed
+                if p == 0:
+                    entry["peaks"] = peaks
+                    if check_exact:
+                        entry["same"] = deterministic_losses_equal(procs, batch, seq, 8 if batch == 1 else 3,
+                                                                   model_path)
+                print(f"  pair {p + 1}/{pairs} {batch}x{seq}: {entry['ratios'][-1]:.3f}", flush=True)
+        finally:
+            for proc in procs.values():
+                proc.close()
+    for (batch, seq, steps, _) in TRAINING:
+        entry = found[batch, seq]
+        entry["tok_s"] = {side: batch * seq * steps / statistics.median(m) for side, m in entry["medians"].items()}
+        entry["ratio"], entry["spread"] = statistics.median(entry["ratios"]), quartiles(entry["ratios"])
+    return found
 
 
 def timed(run):
@@ -156,8 +174,8 @@ def bench_decode(models, prompt, rounds, new_tokens):
     """Whole generate calls per block."""
     runs = {side: (lambda side=side: qwen3_06b.greedy(models[side], prompt, new_tokens, side)) for side in SIDES}
     seconds, tokens = timed_rounds(runs, rounds)
-    tok_s, pairs = summary(new_tokens, seconds)
-    return tok_s, pairs, torch.equal(tokens["cuda"], tokens["flagos"])
+    tok_s, spread = summary(new_tokens, seconds)
+    return tok_s, spread, torch.equal(tokens["cuda"], tokens["flagos"])
 
 
 def bench_decode_steps(models, prompt, rounds, new_tokens):
@@ -171,8 +189,8 @@ def bench_decode_steps(models, prompt, rounds, new_tokens):
         if r > 0:
             for side in SIDES:
                 seconds[side].append(spent[side])
-    tok_s, pairs = summary(new_tokens, seconds)
-    return tok_s, pairs, same
+    tok_s, spread = summary(new_tokens, seconds)
+    return tok_s, spread, same
 
 
 def bench_decode_graphed(models, prompt, rounds, new_tokens):
@@ -190,13 +208,17 @@ def bench_decode_graphed(models, prompt, rounds, new_tokens):
     }
     seconds, tokens = timed_rounds(runs, rounds)
     static = qwen3_06b.greedy(models["cuda"], prompt, new_tokens, "cuda", static_cache=True)
-    tok_s, pairs = summary(new_tokens, seconds)
-    return tok_s, pairs, torch.equal(tokens["flagos"], static), torch.equal(tokens["flagos"], tokens["cuda"])
+    tok_s, spread = summary(new_tokens, seconds)
+    return tok_s, spread, torch.equal(tokens["flagos"], static), torch.equal(tokens["flagos"], tokens["cuda"])
 
 
-def row(name, rates, pairs, target, same):
-    return dict(measure=name, native=rates["cuda"], flagos=rates["flagos"], ratio=rates["flagos"] / rates["cuda"],
-                pairs=pairs, target=target, exact=same)
+def row(name, rates, spread, target, same, ratio=None):
+    """ratio: flagos over native, by default the ratio of the two rates (nan
+    where native's is 0: the CPU stand-in reports no peak memory)."""
+    if ratio is None:
+        ratio = rates["flagos"] / rates["cuda"] if rates["cuda"] else float("nan")
+    return dict(measure=name, native=rates["cuda"], flagos=rates["flagos"], ratio=ratio, spread=spread,
+                target=target, exact=same)
 
 
 def main():
@@ -204,17 +226,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="rounds of the generate-based decode rows")
     parser.add_argument("--step-rounds", type=int, default=3, help="rounds of the step-interleaved decode row")
     parser.add_argument("--json")
-    parser.add_argument("--pin", action="store_true", help="pin both processes to the same two CPUs")
+    parser.add_argument("--pairs", type=int, default=5, help="fresh pairs of side processes for the training rows")
     parser.add_argument("--decode-only", action="store_true", help="skip the training rows")
     parser.add_argument("--native-only", action="store_true",
-                        help="training rows only, native CUDA in two helper processes: the rows' noise floor")
+                        help="training rows only, native CUDA on both sides: the rows' noise floor")
     args = parser.parse_args()
     if args.native_only and args.decode_only:
         parser.error("--native-only times training only; it cannot go with --decode-only")
-    if args.pin:
-        cpus = sorted(os.sched_getaffinity(0))[:2]
-        os.sched_setaffinity(0, cpus)  # before the native helper starts: it inherits the pin
-        print(f"pinned to CPUs {cpus}")
     assert flagos_core.runtime()["name"] == "cuda", "flagos is not on the cuda runtime here"
     rows, timed_equal = [], []
     start = time.perf_counter()
@@ -223,38 +241,37 @@ def main():
         rows.append(r)
         print(f"[{time.perf_counter() - start:4.0f} s] {r['measure']}: {r['ratio']:.3f}", flush=True)
 
-    native = NativeSide()
-    second_native = NativeSide() if args.native_only else None
-    try:
-        for batch, seq, steps, rounds in () if args.decode_only else TRAINING:
-            tok_s, pairs, same_timed, peaks = bench_training(native, batch, seq, steps, rounds, second_native)
-            same = None if args.native_only else deterministic_losses_equal(native, batch, seq, 8 if batch == 1 else 3)
-            timed_equal.append(f"{batch}x{seq} {'equal' if same_timed else 'not equal'}")
-            add(row(f"train bf16 {batch}x{seq} tok/s", tok_s, pairs, ">= 0.98", same))
-            add(row(f"peak mem train {batch}x{seq} MiB", {s: b / 2**20 for s, b in peaks.items()},
+    devices = {side: "cuda" if args.native_only else side for side in SIDES}
+    if not args.decode_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            model_path = os.path.join(tmp, "qwen3-0.6b-bf16.pt")
+            qwen3_06b.save_initialised(model_path, torch.bfloat16)  # each side process maps it
+            found = bench_training(devices, model_path, args.pairs, check_exact=not args.native_only)
+        for (batch, seq), entry in found.items():
+            timed_equal.append(f"{batch}x{seq} {'equal' if entry['same_timed'] else 'not equal'}")
+            add(row(f"train bf16 {batch}x{seq} tok/s", entry["tok_s"], entry["spread"], ">= 0.98", entry["same"],
+                    ratio=entry["ratio"]))
+            add(row(f"peak mem train {batch}x{seq} MiB", {s: b / 2**20 for s, b in entry["peaks"].items()},
                     (None, None), "<= 1.01", None))
-    finally:
-        native.close()
-        if second_native is not None:
-            second_native.close()
     if args.native_only:
-        report(rows, args.json, "native-only: both columns are native CUDA, each in its own helper process; "
-               "losses of the timed passes: " + ", ".join(timed_equal))
+        report(rows, args.json, "native-only: both columns are native CUDA, each side in processes of its own; "
+               f"{args.pairs} pairs of processes; losses of the timed passes: " + ", ".join(timed_equal))
         return
     models = {side: qwen3_06b.build(side, torch.bfloat16).eval() for side in SIDES}
     prompt = qwen3_06b.batches(1, 1, 16)[0]
-    tok_s, pairs, same = bench_decode(models, prompt, args.rounds, 64)
-    add(row("decode bs1 64 tokens tok/s", tok_s, pairs, ">= 0.97", same))
-    tok_s, pairs, same = bench_decode_steps(models, prompt, args.step_rounds, 64)
-    add(row("decode, sides alternate per token", tok_s, pairs, ">= 0.97", same))
-    tok_s, pairs, same, same_dynamic = bench_decode_graphed(models, prompt, args.rounds, 64)
-    add(row("decode bs1 64 tok graph tok/s", tok_s, pairs, "-", same))
+    tok_s, spread, same = bench_decode(models, prompt, args.rounds, 64)
+    add(row("decode bs1 64 tokens tok/s", tok_s, spread, ">= 0.97", same))
+    tok_s, spread, same = bench_decode_steps(models, prompt, args.step_rounds, 64)
+    add(row("decode, sides alternate per token", tok_s, spread, ">= 0.97", same))
+    tok_s, spread, same, same_dynamic = bench_decode_graphed(models, prompt, args.rounds, 64)
+    add(row("decode bs1 64 tok graph tok/s", tok_s, spread, "-", same))
     del models
     torch.cuda.empty_cache()
 
     notes = []
     if not args.decode_only:
-        notes.append("train rows: exact = losses bitwise equal with deterministic algorithms on both sides; "
+        notes.append(f"train rows: {args.pairs} pairs of side processes, spread = quartiles of the per-pair ratios; "
+                     "exact = losses bitwise equal with deterministic algorithms on both sides; "
                      "losses of the timed passes (default kernels): " + ", ".join(timed_equal))
     notes.append("per-token row: greedy with the dynamic cache, one forward per token, no generate loop around it")
     notes.append("graph row: flagos replays a CUDA graph per token, native runs eager generate; exact compares "
@@ -266,12 +283,12 @@ def main():
 def report(rows, json_path, *notes):
     """The table, notes under it, and the rows as JSON if asked."""
     print(f"\nQwen3-0.6B, {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-    print(f"{'measure':34s} {'native':>10s} {'flagos':>10s} {'ratio':>7s} {'pairs q1-q3':>13s} {'target':>8s}  exact")
+    print(f"{'measure':34s} {'native':>10s} {'flagos':>10s} {'ratio':>7s} {'spread q1-q3':>13s} {'target':>8s}  exact")
     for r in rows:
         exact = "-" if r["exact"] is None else ("yes" if r["exact"] else "NO")
-        q1, q3 = r["pairs"]
-        pairs = "-" if q1 is None else f"{q1:.3f}-{q3:.3f}"
-        print(f"{r['measure']:34s} {r['native']:10.1f} {r['flagos']:10.1f} {r['ratio']:7.3f} {pairs:>13s} "
+        q1, q3 = r["spread"]
+        spread = "-" if q1 is None else f"{q1:.3f}-{q3:.3f}"
+        print(f"{r['measure']:34s} {r['native']:10.1f} {r['flagos']:10.1f} {r['ratio']:7.3f} {spread:>13s} "
               f"{r['target']:>8s}  {exact}")
     for note in notes:
         print(note)

@@ -46,6 +46,18 @@ def build(device, dtype, seed=0, **overrides):
     return copy.deepcopy(_initialised[key]).to(device)
 
 
+def save_initialised(path, dtype, seed=0, **overrides):
+    """Writes build()'s CPU model to `path`, for processes that load it
+    (load_initialised) instead of initialising their own."""
+    torch.save(build("cpu", dtype, seed, **overrides), path)
+
+
+def load_initialised(path, device):
+    """The model save_initialised wrote, on `device`: the same weights as
+    build() in a second or two (the file is mapped, not read)."""
+    return torch.load(path, mmap=True, weights_only=False).to(device)
+
+
 def batches(steps, batch, seq, seed=1, vocab=151936):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (batch, seq), generator=g) for _ in range(steps)]
@@ -210,16 +222,17 @@ def greedy_graphed(model, prompt, new_tokens, device, use_graph=True, warmup=3):
 class Trainer:
     """One model and optimizer, trained block by block."""
 
-    def __init__(self, device, dtype, batch, seq, steps_per_block, blocks, seed=1):
+    def __init__(self, device, dtype, batch, seq, steps_per_block, blocks, seed=1, model_path=None):
         self.device = device
-        self.model = build(device, dtype)
+        self.module = getattr(torch, torch.device(device).type)  # torch.cuda, torch.flagos, torch.cpu
+        self.model = build(device, dtype) if model_path is None else load_initialised(model_path, device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, foreach=True)
-        self.data = batches(steps_per_block * blocks, batch, seq, seed=seed)
+        self.data = batches(steps_per_block * blocks, batch, seq, seed=seed, vocab=self.model.config.vocab_size)
         self.steps = steps_per_block
 
     def block(self, index):
         """(seconds, losses) of steps_per_block training steps."""
-        torch.accelerator.synchronize()
+        self.module.synchronize()
         start = time.perf_counter()
         losses = []
         for ids in self.data[index * self.steps:(index + 1) * self.steps]:
@@ -229,17 +242,21 @@ class Trainer:
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
             losses.append(loss.detach())
-        torch.accelerator.synchronize()
+        self.module.synchronize()
         return time.perf_counter() - start, [l.item() for l in losses]
 
     def peak_bytes(self, index):
-        """Peak memory of one more block above what is resident before it."""
-        torch.accelerator.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
+        """Peak memory of one more block above what is resident before it
+        (0 on a device without memory statistics, the CPU)."""
+        if not hasattr(self.module, "max_memory_allocated"):
+            return 0
+        self.module.synchronize()
+        self.module.reset_peak_memory_stats()
+        base = self.module.memory_allocated()
         self.block(index)
-        return torch.cuda.max_memory_allocated() - base
+        return self.module.max_memory_allocated() - base
 
     def close(self):
         del self.model, self.opt
-        torch.cuda.empty_cache()
+        if hasattr(self.module, "empty_cache"):
+            self.module.empty_cache()

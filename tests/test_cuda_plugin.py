@@ -83,7 +83,7 @@ def test_streams_are_cuda_streams():
 def test_sdpa_reaches_fused_kernels_forward_and_backward(tmp_path):
     import sys, os
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-    from native_side import NativeSide
+    from side_process import SideProcess
 
     code = """
 torch.manual_seed(0)
@@ -92,7 +92,7 @@ out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
 out.sum().backward()
 result = {"out": out.detach().cpu(), "grad": q.grad.cpu()}
 """
-    native = NativeSide()  # CUDA backward cannot run in this process (native_side.py)
+    native = SideProcess("cuda")  # CUDA backward cannot run in this process (side_process.py)
     try:
         want = torch.load(native("eval", code=code, path=str(tmp_path / "ref.pt"))["path"])
     finally:

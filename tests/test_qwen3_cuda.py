@@ -25,10 +25,10 @@ def deterministic():
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_training_losses_bitwise_equal(dtype, deterministic):
     import qwen3_06b
-    from native_side import NativeSide
+    from side_process import SideProcess
 
     setup = dict(batch=2, seq=128, steps_per_block=10, blocks=1)
-    native = NativeSide()  # CUDA backward cannot run in this process (native_side.py)
+    native = SideProcess("cuda")  # CUDA backward cannot run in this process (side_process.py)
     try:
         native("deterministic", on=True)
         native("trainer", dtype=dtype, **setup)

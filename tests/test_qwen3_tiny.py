@@ -53,3 +53,35 @@ def test_static_cache_decode_matches_cpu_greedy():
     assert torch.equal(flagos, native)
     assert torch.equal(native_static, native)
     assert t.fallbacks == []
+
+
+def test_side_processes_train_the_same_mapped_model(tmp_path):
+    # The GPU benchmark's training rows: each side in a process of its own
+    # (side_process.py), both loading the model one process initialised. Here
+    # CPU against flagos on the host runtime: same weights, tied embeddings,
+    # bitwise equal losses, the same as a trainer in this process.
+    import qwen3_06b
+    from side_process import SideProcess
+
+    path = str(tmp_path / "tiny.pt")
+    qwen3_06b.save_initialised(path, torch.float32, **qwen3_06b.TINY)
+    loaded = qwen3_06b.load_initialised(path, "flagos")
+    built = qwen3_06b.build("cpu", torch.float32, **qwen3_06b.TINY)
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(loaded.state_dict().values(), built.state_dict().values()))
+
+    setup = dict(batch=2, seq=16, steps_per_block=3, blocks=1, model_path=path)
+    losses = {}
+    for device in ("cpu", "flagos"):
+        side = SideProcess(device)
+        try:
+            side("trainer", dtype="float32", **setup)
+            reply = side("block", index=0)
+            assert reply["seconds"] > 0
+            losses[device] = reply["losses"]
+        finally:
+            side.close()
+    local = qwen3_06b.Trainer("flagos", torch.float32, **setup)
+    _, here = local.block(0)
+    assert len(losses["cpu"]) == 3
+    assert losses["cpu"] == losses["flagos"] == here

@@ -1,11 +1,17 @@
-"""The native-CUDA side of a comparison, in its own process.
+"""One side of a comparison, native CUDA or flagos, in a process of its own.
 
 PyTorch's autograd engine takes its streams from `at::getAccelerator()`, which
 is PrivateUse1 (flagos) once flagos is registered, so a CUDA backward in a
 process that imported flagos fails inside PyTorch ("opt_ready_stream &&
 opt_parent_stream", pytorch/pytorch#161129). Training on native CUDA
-therefore runs here, in a process that never imports flagos; the caller
-drives it block by block, so both sides still alternate on one GPU.
+therefore runs in a process that never imports flagos. The training
+benchmark runs flagos in a process of its own as well: two processes of one
+program differ in speed by up to ~10% on the lent GPU machine (where their
+threads land), so a fair comparison needs the same setting on both sides and
+several fresh pairs of processes. The caller drives both block by block, so
+the sides still alternate on one GPU.
+
+    python side_process.py DEVICE     DEVICE: cuda (no flagos), flagos, cpu
 
 Protocol: one JSON command per stdin line, one JSON reply per stdout line.
 """
@@ -14,16 +20,18 @@ import json
 import os
 import sys
 
-os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # before torch: no flagos here
+if __name__ == "__main__" and sys.argv[1:] != ["flagos"]:
+    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # before torch: no flagos here
 
 import torch  # noqa: E402
 
+if __name__ == "__main__" and sys.argv[1:] == ["flagos"]:
+    import flagos_core  # noqa: E402,F401  (autoload may be off)
+
 import qwen3_06b  # noqa: E402
 
-DEVICE = "cuda"
 
-
-def serve():
+def serve(device):
     trainer = None
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -34,7 +42,7 @@ def serve():
         elif op == "trainer":
             if trainer:
                 trainer.close()
-            trainer = qwen3_06b.Trainer(DEVICE, getattr(torch, cmd.pop("dtype")), **cmd)
+            trainer = qwen3_06b.Trainer(device, getattr(torch, cmd.pop("dtype")), **cmd)
             reply = {}
         elif op == "close":  # frees the trainer's model and optimizer
             if trainer:
@@ -60,23 +68,27 @@ def serve():
         sys.stdout.flush()
 
 
-class NativeSide:
-    """Client: starts native_side.py and sends it commands."""
+class SideProcess:
+    """Client: starts side_process.py for `device` and sends it commands.
+    Starting returns at once; the first command waits for the process to be
+    ready, so several can start together."""
 
-    def __init__(self):
+    def __init__(self, device="cuda"):
         import subprocess
 
         here = os.path.dirname(os.path.abspath(__file__))
-        env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0", PYTHONPATH=here)
-        self.proc = subprocess.Popen([sys.executable, os.path.join(here, "native_side.py")], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env)
+        env = dict(os.environ, PYTHONPATH=here)
+        env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)  # the process decides, from its device
+        self.device = device
+        self.proc = subprocess.Popen([sys.executable, os.path.join(here, "side_process.py"), device],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
     def __call__(self, op, **kwargs):
         self.proc.stdin.write(json.dumps(dict(op=op, **kwargs)) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"native side exited ({self.proc.wait()}) during {op}")
+            raise RuntimeError(f"{self.device} side process exited ({self.proc.wait()}) during {op}")
         reply = json.loads(line)
         if "error" in reply:
             raise RuntimeError(reply["error"])
@@ -89,4 +101,4 @@ class NativeSide:
 
 
 if __name__ == "__main__":
-    serve()
+    serve(sys.argv[1])
