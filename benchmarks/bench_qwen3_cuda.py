@@ -11,8 +11,9 @@ which side goes first alternates too.
 Training runs each side in a process of its own (side_process.py says why),
 and in several fresh pairs of processes (--pairs): two processes of one
 program differ in speed by up to ~10% on the lent machine, whichever device
-they drive, so one pair cannot tell a few percent. Decode runs both sides in
-this process.
+they drive, so one pair cannot tell a few percent. --pin N pins both
+processes of every pair to the same N CPUs, so that they run on the same
+cores in turn. Decode runs both sides in this process.
 
 The "spread" column gives the quartiles of the ratio over its samples: for
 decode the ratio within each round, for training the ratio of each pair of
@@ -24,8 +25,8 @@ reproducible against itself at 8 x 1024 (its attention backward accumulates
 with atomics: two native runs part in the 5th step). The timed passes use the
 default kernels, as users do; whether their losses matched is printed too.
 
-    python benchmarks/bench_qwen3_cuda.py [--pairs 5] [--rounds 5] [--step-rounds 3] [--json PATH]
-                                          [--decode-only | --native-only]
+    python benchmarks/bench_qwen3_cuda.py [--pairs 5] [--pin N] [--rounds 5] [--step-rounds 3] [--json PATH]
+                                          [--decode-only | --train-only | --native-only]
 
 --native-only times the training rows with native CUDA on both sides (both
 in processes of their own, as flagos's are): what the rows read when there
@@ -112,19 +113,20 @@ def deterministic_losses_equal(procs, batch, seq, steps, model_path):
     return losses["cuda"] == losses["flagos"]
 
 
-def bench_training(devices, model_path, pairs, check_exact=True):
+def bench_training(devices, model_path, pairs, check_exact=True, cpus=None):
     """Each side trains in a process of its own (side_process.py says why),
     in `pairs` fresh pairs of processes, the sides alternating block by block
     within a pair. A size's ratio is the median over the pairs of native's
     median block time over flagos's, its spread the quartiles of those
     per-pair ratios. {(batch, seq): dict(tok_s, ratio, spread, same_timed,
-    peaks, same)}; same is None without check_exact."""
+    peaks, same)}; same is None without check_exact. cpus: pin both
+    processes of a pair to these CPUs."""
     found = {size[:2]: dict(medians={side: [] for side in SIDES}, ratios=[], same_timed=True, peaks=None, same=None)
              for size in TRAINING}
     for p in range(pairs):
         # Started together, the first one alternating: neither side always
         # gets the first pick of the machine.
-        procs = {side: SideProcess(devices[side]) for side in (SIDES if p % 2 == 0 else SIDES[::-1])}
+        procs = {side: SideProcess(devices[side], cpus) for side in (SIDES if p % 2 == 0 else SIDES[::-1])}
         try:
             for batch, seq, steps, rounds in TRAINING:
                 medians, same_timed, peaks = train_pair(procs, batch, seq, steps, rounds, model_path)
@@ -227,12 +229,16 @@ def main():
     parser.add_argument("--step-rounds", type=int, default=3, help="rounds of the step-interleaved decode row")
     parser.add_argument("--json")
     parser.add_argument("--pairs", type=int, default=5, help="fresh pairs of side processes for the training rows")
+    parser.add_argument("--pin", type=int, metavar="N",
+                        help="pin both training processes of a pair to the same N CPUs (this process's last N)")
     parser.add_argument("--decode-only", action="store_true", help="skip the training rows")
+    parser.add_argument("--train-only", action="store_true", help="skip the decode rows")
     parser.add_argument("--native-only", action="store_true",
                         help="training rows only, native CUDA on both sides: the rows' noise floor")
     args = parser.parse_args()
-    if args.native_only and args.decode_only:
-        parser.error("--native-only times training only; it cannot go with --decode-only")
+    if args.decode_only and (args.native_only or args.train_only):
+        parser.error("--decode-only cannot go with --native-only or --train-only (both time training only)")
+    cpus = sorted(os.sched_getaffinity(0))[-args.pin:] if args.pin else None
     assert flagos_core.runtime()["name"] == "cuda", "flagos is not on the cuda runtime here"
     rows, timed_equal = [], []
     start = time.perf_counter()
@@ -246,16 +252,19 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             model_path = os.path.join(tmp, "qwen3-0.6b-bf16.pt")
             qwen3_06b.save_initialised(model_path, torch.bfloat16)  # each side process maps it
-            found = bench_training(devices, model_path, args.pairs, check_exact=not args.native_only)
+            found = bench_training(devices, model_path, args.pairs, check_exact=not args.native_only, cpus=cpus)
         for (batch, seq), entry in found.items():
             timed_equal.append(f"{batch}x{seq} {'equal' if entry['same_timed'] else 'not equal'}")
             add(row(f"train bf16 {batch}x{seq} tok/s", entry["tok_s"], entry["spread"], ">= 0.98", entry["same"],
                     ratio=entry["ratio"]))
             add(row(f"peak mem train {batch}x{seq} MiB", {s: b / 2**20 for s, b in entry["peaks"].items()},
                     (None, None), "<= 1.01", None))
-    if args.native_only:
-        report(rows, args.json, "native-only: both columns are native CUDA, each side in processes of its own; "
-               f"{args.pairs} pairs of processes; losses of the timed passes: " + ", ".join(timed_equal))
+    pinned = f"; both processes of a pair pinned to CPUs {cpus}" if cpus else ""
+    if args.native_only or args.train_only:
+        what = ("native-only: both columns are native CUDA, each side in processes of its own" if args.native_only
+                else "train rows: each side in processes of its own")
+        report(rows, args.json, f"{what}; {args.pairs} pairs of processes, spread = quartiles of the per-pair "
+               f"ratios{pinned}; losses of the timed passes: " + ", ".join(timed_equal))
         return
     models = {side: qwen3_06b.build(side, torch.bfloat16).eval() for side in SIDES}
     prompt = qwen3_06b.batches(1, 1, 16)[0]
@@ -270,7 +279,8 @@ def main():
 
     notes = []
     if not args.decode_only:
-        notes.append(f"train rows: {args.pairs} pairs of side processes, spread = quartiles of the per-pair ratios; "
+        notes.append(f"train rows: {args.pairs} pairs of side processes, spread = quartiles of the per-pair ratios"
+                     f"{pinned}; "
                      "exact = losses bitwise equal with deterministic algorithms on both sides; "
                      "losses of the timed passes (default kernels): " + ", ".join(timed_equal))
     notes.append("per-token row: greedy with the dynamic cache, one forward per token, no generate loop around it")

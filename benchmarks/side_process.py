@@ -13,6 +13,10 @@ the sides still alternate on one GPU.
 
     python side_process.py DEVICE     DEVICE: cuda (no flagos), flagos, cpu
 
+SideProcess(device, cpus) pins the process, all its threads, to `cpus`: two
+side processes pinned to the same CPUs and driven in turn run on the same
+cores, whatever the machine does to some of its CPUs.
+
 Protocol: one JSON command per stdin line, one JSON reply per stdout line.
 """
 
@@ -20,8 +24,11 @@ import json
 import os
 import sys
 
-if __name__ == "__main__" and sys.argv[1:] != ["flagos"]:
-    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # before torch: no flagos here
+if __name__ == "__main__":
+    if sys.argv[1:] != ["flagos"]:
+        os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # before torch: no flagos here
+    if os.environ.get("FLAGOS_SIDE_CPUS"):  # before torch starts its threads: they inherit it
+        os.sched_setaffinity(0, [int(c) for c in os.environ["FLAGOS_SIDE_CPUS"].split(",")])
 
 import torch  # noqa: E402
 
@@ -73,11 +80,11 @@ class SideProcess:
     Starting returns at once; the first command waits for the process to be
     ready, so several can start together."""
 
-    def __init__(self, device="cuda"):
+    def __init__(self, device="cuda", cpus=None):
         import subprocess
 
         here = os.path.dirname(os.path.abspath(__file__))
-        env = dict(os.environ, PYTHONPATH=here)
+        env = dict(os.environ, PYTHONPATH=here, FLAGOS_SIDE_CPUS=",".join(map(str, cpus or ())))
         env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)  # the process decides, from its device
         self.device = device
         self.proc = subprocess.Popen([sys.executable, os.path.join(here, "side_process.py"), device],
