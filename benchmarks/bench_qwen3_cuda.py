@@ -13,7 +13,9 @@ and in several fresh pairs of processes (--pairs): two processes of one
 program differ in speed by up to ~10% on the lent machine, whichever device
 they drive, so one pair cannot tell a few percent. --pin N pins both
 processes of every pair to the same N CPUs, so that they run on the same
-cores in turn. Decode runs both sides in this process.
+cores in turn (tried on an H200 machine: the pairs spread as much, and the
+1 x 128 step got slower; docs/performance.md). Decode runs both sides in
+this process.
 
 The "spread" column gives the quartiles of the ratio over its samples: for
 decode the ratio within each round, for training the ratio of each pair of

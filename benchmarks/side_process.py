@@ -15,7 +15,7 @@ the sides still alternate on one GPU.
 
 SideProcess(device, cpus) pins the process, all its threads, to `cpus`: two
 side processes pinned to the same CPUs and driven in turn run on the same
-cores, whatever the machine does to some of its CPUs.
+cores.
 
 Protocol: one JSON command per stdin line, one JSON reply per stdout line.
 """
