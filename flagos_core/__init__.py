@@ -22,6 +22,7 @@ from ._routing import route, route_layer, set_route, clear_route, routes, provid
 from ._trace import trace
 from . import _plugins  # noqa: E402
 from . import _conf  # noqa: E402
+from . import _native_backward  # noqa: E402
 from ._conf import ConfError, load_conf  # noqa: E402
 
 __version__ = "0.1.0"
@@ -51,6 +52,7 @@ def _setup():
     _torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
     _keep_parameters_when_moving_modules()
     _let_autograd_threads_finish_at_exit()
+    _native_backward.install()  # a clear error where PyTorch's engine cannot run a native backward
     _conf.configure(_PLUGINS.confs())  # routing confs and FLAGOS_LOG_DISPATCH; raises ConfError
 
 

@@ -155,3 +155,15 @@ def test_jiterator_kernels_take_flagos_tensors():
     assert torch.equal(got.cpu(), fn(a, b, alpha=3.0).cpu())
     with pytest.raises(RuntimeError, match="same device"):
         fn(fa, b)
+
+
+def test_native_cuda_backward_ends_in_a_clear_error():
+    # PyTorch's engine cannot run a CUDA backward once flagos is registered
+    # (pytorch/pytorch#161129); flagos names the cause and the way out instead
+    # of the engine's internal assert. Last in this file: it leaves a failed
+    # backward behind. Should a torch fix the engine, this fails: then the
+    # limitation (docs/install.md) is gone.
+    x = torch.ones(4, device="cuda", requires_grad=True)
+    with pytest.raises(RuntimeError, match="backward pass over cuda tensors") as info:
+        (x * 2).sum().backward()
+    assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in str(info.value)
