@@ -125,6 +125,7 @@ def bench_training(devices, model_path, pairs, check_exact=True, cpus=None):
     processes of a pair to these CPUs."""
     found = {size[:2]: dict(medians={side: [] for side in SIDES}, ratios=[], same_timed=True, peaks=None, same=None)
              for size in TRAINING}
+    start = time.perf_counter()
     for p in range(pairs):
         # Started together, the first one alternating: neither side always
         # gets the first pick of the machine.
@@ -142,7 +143,8 @@ def bench_training(devices, model_path, pairs, check_exact=True, cpus=None):
                     if check_exact:
                         entry["same"] = deterministic_losses_equal(procs, batch, seq, 8 if batch == 1 else 3,
                                                                    model_path)
-                print(f"  pair {p + 1}/{pairs} {batch}x{seq}: {entry['ratios'][-1]:.3f}", flush=True)
+                print(f"  pair {p + 1}/{pairs} {batch}x{seq}: {entry['ratios'][-1]:.3f} "
+                      f"({time.perf_counter() - start:.0f} s into the pairs)", flush=True)
         finally:
             for proc in procs.values():
                 proc.close()
