@@ -58,11 +58,12 @@ SIDES = ("cuda", "flagos")
 TRAINING = ((1, 128, 2, 6), (8, 1024, 1, 4))
 
 
-def alternating(rounds):
+def alternating(rounds, first=SIDES):
     """(round, sides in the order they run): round 0 is a warm-up, and the
-    side that goes first alternates from round to round."""
+    side that goes first alternates from round to round, starting with
+    first[0]."""
     for r in range(rounds + 1):
-        yield r, (SIDES if r % 2 == 0 else SIDES[::-1])
+        yield r, (first if r % 2 == 0 else first[::-1])
 
 
 def quartiles(values):
@@ -79,14 +80,16 @@ def summary(work, seconds):
 
 def train_pair(procs, batch, seq, steps, rounds, model_path):
     """One training size on one pair of side processes: ({side: median block
-    seconds}, whether the timed losses were equal, {side: peak bytes})."""
+    seconds}, whether the timed losses were equal, {side: peak bytes}). The
+    side started first also trains first, so that over the pairs each side
+    takes each place in the sequence of blocks equally often."""
     common = dict(dtype="bfloat16", batch=batch, seq=seq, steps_per_block=steps, blocks=rounds + 2,
                   model_path=model_path)
     for proc in procs.values():
         proc("trainer", **common)
     seconds = {side: [] for side in SIDES}
     losses = {side: [] for side in SIDES}
-    for r, order in alternating(rounds):
+    for r, order in alternating(rounds, first=tuple(procs)):
         for side in order:
             reply = procs[side]("block", index=r)
             losses[side] += reply["losses"]
