@@ -6,9 +6,9 @@ process that imported flagos fails inside PyTorch ("opt_ready_stream &&
 opt_parent_stream", pytorch/pytorch#161129). Training on native CUDA
 therefore runs in a process that never imports flagos. The training
 benchmark runs flagos in a process of its own as well: two processes of one
-program differ in speed by up to ~10% on the lent GPU machine (where their
-threads land), so a fair comparison needs the same setting on both sides and
-several fresh pairs of processes. The caller drives both block by block, so
+program differ in speed by up to ~10% on the lent GPU machine (pinned to the
+same CPUs or not), so a fair comparison needs the same setting on both sides
+and several fresh pairs of processes. The caller drives both block by block, so
 the sides still alternate on one GPU.
 
     python side_process.py DEVICE     DEVICE: cuda (no flagos), flagos, cpu
