@@ -25,10 +25,11 @@ from . import _conf  # noqa: E402
 from . import _native_backward  # noqa: E402
 from ._conf import ConfError, load_conf  # noqa: E402
 
-__version__ = "0.1.0"
+__version__ = "0.1.1"
 __all__ = [
     "runtime", "plugins", "providers", "route", "route_layer", "set_route", "clear_route", "routes", "trace",
-    "ConfError", "load_conf", "register_python_provider", "as_native", "from_native", "cmake_prefix_path",
+    "ConfError", "load_conf", "register_python_provider", "as_native", "from_native", "use_autocast_policies",
+    "cmake_prefix_path",
 ]
 
 _BACKEND = "flagos"
@@ -106,6 +107,15 @@ def as_native(tensor):
 def from_native(tensor, index=None):
     """A native-device tensor's memory as a flagos tensor (no copy)."""
     return _C._from_native(tensor, _C._current_device() if index is None else index)
+
+
+def use_autocast_policies(device):
+    """For a plugin whose runtime runs `device`'s kernels (the CUDA plugin:
+    "cuda"): torch.autocast("flagos") then casts as torch.autocast(device)
+    does, with the same policy lists, so results stay the native device's.
+    Once per process. Without it, autocast on flagos is off (torch.autocast
+    says so and turns itself off)."""
+    _C._use_autocast_policies(device)
 
 
 def cmake_prefix_path():

@@ -2,6 +2,8 @@
 
 import contextlib
 
+import warnings
+
 import torch
 
 from . import _C
@@ -102,7 +104,18 @@ def get_device_capability(device=None):
 
 
 def get_amp_supported_dtype():
-    return [torch.float16, torch.bfloat16]
+    """What torch.autocast("flagos") may cast to. float16 and bfloat16 where
+    the runtime's plugin chose a native device's autocast policies
+    (flagos_core.use_autocast_policies: the CUDA plugin chooses CUDA's, so
+    flagos casts as torch.autocast("cuda") does); otherwise none, and
+    torch.autocast warns and turns itself off rather than run uncast."""
+    if _C._autocast_policies():
+        return [torch.float16, torch.bfloat16]
+    warnings.warn(
+        f"flagos: torch.autocast is not available on the {_C._runtime_name()} runtime (no autocast policies were "
+        "chosen for it), so it is turned off and ops run in their inputs' dtypes; cast the model instead "
+        "(model.to(torch.bfloat16))", stacklevel=3)
+    return []
 
 
 # Streams and events are torch's generic ones on the flagos device. These

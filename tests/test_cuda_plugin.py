@@ -157,6 +157,31 @@ def test_jiterator_kernels_take_flagos_tensors():
         fn(fa, b)
 
 
+def test_autocast_casts_as_cuda_does():
+    # The plugin chose CUDA's autocast policies: the same casts, the same
+    # kernels, so a forward under autocast gives CUDA's bits.
+    assert torch.flagos.get_amp_supported_dtype() == [torch.float16, torch.bfloat16]
+
+    def make(device):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.LayerNorm(128),
+                                    torch.nn.Linear(128, 32)).to(device)
+        return model, torch.randn(16, 64, device=device)
+
+    for dtype in (torch.bfloat16, torch.float16):
+        (cm, cx), (fm, fx) = make("cuda"), make("flagos")
+        with torch.autocast("cuda", dtype=dtype):
+            want = torch.softmax(cm(cx), -1), cm[0](cx)
+        with flagos_core.trace() as t, torch.autocast("flagos", dtype=dtype):
+            got = torch.softmax(fm(fx), -1), fm[0](fx)
+        assert [g.dtype for g in got] == [w.dtype for w in want] == [torch.float32, dtype]
+        assert all(torch.equal(g.cpu(), w.cpu()) for g, w in zip(got, want))
+        assert t.fallbacks == []
+        with torch.autocast("flagos", dtype=dtype):  # flagos's backward runs (CUDA's cannot here)
+            fm(fx).float().sum().backward()
+        assert fm[0].weight.grad.dtype == torch.float32
+
+
 def test_native_cuda_backward_ends_in_a_clear_error():
     # PyTorch's engine cannot run a CUDA backward once flagos is registered
     # (pytorch/pytorch#161129); flagos names the cause and the way out instead

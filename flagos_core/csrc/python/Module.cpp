@@ -3,6 +3,7 @@
 #include <flagos/Router.h>
 #include <flagos/Runtime.h>
 
+#include "core/Autocast.h"
 #include "host/HostRuntime.h"
 #include "python/CrashBacktrace.h"
 #include "python/PythonProvider.h"
@@ -77,6 +78,8 @@ PYBIND11_MODULE(_C, m) {
                 c10::DeviceTypeName(activeRuntime().nativeDeviceType(), true), " tensor, got ", t.device());
     return adoptNative(t, static_cast<c10::DeviceIndex>(index));
   });
+  m.def("_use_autocast_policies", &useAutocastPolicies);
+  m.def("_autocast_policies", &autocastPolicies);
   m.def("_has_runtime", &hasActiveRuntime);
   m.def("_runtime_name", [] { return activeRuntime().name(); });
   m.def("_native_device_type", [] { return c10::DeviceTypeName(activeRuntime().nativeDeviceType(), true); });

@@ -70,8 +70,13 @@ def flagos_confs():
 def flagos_extend_device_module(module, runtime):
     if runtime != "cuda":
         return
+    import flagos_core
+
     from . import graphs, jiterator
 
+    # flagos runs CUDA's kernels, so torch.autocast("flagos") casts by CUDA's
+    # policy lists: the same dtypes, the same kernels, the same results.
+    flagos_core.use_autocast_policies("cuda")
     jiterator.install()
     module.CUDAGraph = graphs.CUDAGraph
     module.graph = graphs.graph
