@@ -77,12 +77,22 @@ def test_cuda_policies_cast_as_the_lists_say_and_match_cpu_where_cpu_casts_alike
         assert x.grad.dtype == torch.float32 and x.grad.device.type == "flagos"
         # Outside autocast nothing is cast.
         assert (fa @ fb).dtype == torch.float32
+        # binary_cross_entropy is refused under autocast, as on CUDA; outside it runs.
+        p, y = torch.rand(4, device="flagos"), torch.rand(4, device="flagos")
+        try:
+            with torch.autocast("flagos", dtype=torch.bfloat16):
+                torch.nn.functional.binary_cross_entropy(p, y)
+        except RuntimeError as error:
+            print("bce:", error)
+        assert torch.equal(torch.nn.functional.binary_cross_entropy(p, y).cpu(),
+                           torch.nn.functional.binary_cross_entropy(p.cpu(), y.cpu()))
         try:
             flagos_core.use_autocast_policies("xpu")
         except RuntimeError as error:
             print("switch:", error)
         """)
     assert "switch: flagos: autocast already casts as cuda; it cannot switch to xpu" in out
+    assert "bce: flagos: binary_cross_entropy (nn.BCELoss) cannot run under torch.autocast" in out
 
 
 def test_unknown_policies_name_the_known_ones():

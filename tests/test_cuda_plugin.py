@@ -180,6 +180,11 @@ def test_autocast_casts_as_cuda_does():
         with torch.autocast("flagos", dtype=dtype):  # flagos's backward runs (CUDA's cannot here)
             fm(fx).float().sum().backward()
         assert fm[0].weight.grad.dtype == torch.float32
+    # Both refuse binary_cross_entropy under autocast.
+    p, y = torch.rand(4), torch.rand(4)
+    for device in ("cuda", "flagos"):
+        with pytest.raises(RuntimeError, match="binary_cross_entropy"), torch.autocast(device, dtype=torch.float16):
+            torch.nn.functional.binary_cross_entropy(p.to(device), y.to(device))
 
 
 def test_native_cuda_backward_ends_in_a_clear_error():

@@ -36,12 +36,22 @@ using at::Scalar;
 using at::ScalarType;
 using at::Tensor;
 
+// CUDA's autocast refuses binary_cross_entropy (its float16 inputs lose the
+// log's range); so does flagos with CUDA's policies.
+Tensor binaryCrossEntropyRefused(const Tensor&, const Tensor&, const std::optional<Tensor>&, int64_t) {
+  TORCH_CHECK(
+      false, "flagos: binary_cross_entropy (nn.BCELoss) cannot run under torch.autocast, as under CUDA's: it is ",
+      "unsafe in reduced precision. Use binary_cross_entropy_with_logits (nn.BCEWithLogitsLoss), which autocast ",
+      "runs in float32, or leave the loss outside the autocast region.");
+}
+
 void registerCudaPolicies(torch::Library& m) {
   AT_FORALL_LOWER_PRECISION_FP(FLAGOS_LOWER_PRECISION_FP)
   AT_FORALL_FP32(FLAGOS_FP32)
   AT_FORALL_FP32_SET_OPT_DTYPE(FLAGOS_FP32_SET_OPT_DTYPE)
   AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
   AT_FORALL_PROMOTE(FLAGOS_PROMOTE)
+  m.impl("aten::binary_cross_entropy", TORCH_FN(binaryCrossEntropyRefused));
 }
 
 } // namespace
