@@ -240,3 +240,12 @@ def empty_cache():
 def mem_get_info(device=None):
     """(free, total) bytes of the device's memory."""
     return tuple(_C._mem_get_info(_index(device)))
+
+
+def __getattr__(name):
+    # Looked up by torch.compile's inductor only: see _inductor.py.
+    from . import _inductor
+
+    if name in _inductor.CODEGEN_NAMES:
+        return _inductor.codegen_attribute(name)
+    raise AttributeError(f"module 'torch.flagos' has no attribute '{name}'")
