@@ -2,8 +2,6 @@
 
 import contextlib
 
-import warnings
-
 import torch
 
 from . import _C
@@ -107,14 +105,12 @@ def get_amp_supported_dtype():
     """What torch.autocast("flagos") may cast to. float16 and bfloat16 where
     the runtime's plugin chose a native device's autocast policies
     (flagos_core.use_autocast_policies: the CUDA plugin chooses CUDA's, so
-    flagos casts as torch.autocast("cuda") does); otherwise none, and
-    torch.autocast warns and turns itself off rather than run uncast."""
+    flagos casts as torch.autocast("cuda") does); otherwise none, and an
+    enabled torch.autocast("flagos") warns that it turns itself off rather
+    than run uncast. (torch.autocast asks even when made with enabled=False,
+    as model code does to switch autocast off: no warning of our own here.)"""
     if _C._autocast_policies():
         return [torch.float16, torch.bfloat16]
-    warnings.warn(
-        f"flagos: torch.autocast is not available on the {_C._runtime_name()} runtime (no autocast policies were "
-        "chosen for it), so it is turned off and ops run in their inputs' dtypes; cast the model instead "
-        "(model.to(torch.bfloat16))", stacklevel=3)
     return []
 
 

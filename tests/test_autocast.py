@@ -25,10 +25,22 @@ def run_isolated(code):
 
 def test_without_policies_autocast_says_so_and_ops_run_uncast():
     a, b = torch.randn(8, 8), torch.randn(8, 8)
-    with pytest.warns(UserWarning, match="torch.autocast is not available on the host runtime"):
+    assert torch.flagos.get_amp_supported_dtype() == []
+    with pytest.warns(UserWarning, match="Disabling autocast"):
         with torch.autocast("flagos", dtype=torch.bfloat16):
             out = a.to("flagos") @ b.to("flagos")
     assert out.dtype == torch.float32 and torch.equal(out.cpu(), a @ b)
+
+
+def test_autocast_switched_off_says_nothing():
+    # Model code (rotary embeddings, for one) opens torch.autocast(..., enabled=False) on every forward.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.autocast("flagos", enabled=False):
+            out = torch.ones(2, device="flagos") * 2
+    assert torch.equal(out.cpu(), torch.full((2,), 2.0))
 
 
 def test_autocast_switched_on_by_hand_does_not_stop_ops():
