@@ -34,3 +34,9 @@ def test_inductor_names_what_is_missing_and_what_works():
         torch.compile(lambda x: x * 2 + 1)(torch.ones(3, device="flagos"))
     # Asking torch.flagos for anything else is still an ordinary AttributeError.
     assert not hasattr(torch.flagos, "no_such_name")
+
+
+@pytest.mark.gpu
+def test_inductor_message_on_the_cuda_runtime():
+    # The same on the CUDA plugin (gpu-check runs the gpu-marked tests there).
+    test_inductor_names_what_is_missing_and_what_works()
