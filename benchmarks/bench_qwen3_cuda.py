@@ -266,12 +266,15 @@ def main():
                     ratio=entry["ratio"]))
             add(row(f"peak mem train {batch}x{seq} MiB", {s: b / 2**20 for s, b in entry["peaks"].items()},
                     (None, None), "<= 1.01", None))
-    pinned = f"; both processes of a pair pinned to CPUs {cpus}" if cpus else ""
+    notes = []
+    if not args.decode_only:
+        pinned = f"; both processes of a pair pinned to CPUs {cpus}" if cpus else ""
+        exact = "" if args.native_only else "exact = losses bitwise equal with deterministic algorithms on both sides; "
+        notes.append(("native-only: both columns are native CUDA; " if args.native_only else "")
+                     + f"train rows: {args.pairs} pairs of side processes, spread = quartiles of the per-pair ratios"
+                     + f"{pinned}; {exact}losses of the timed passes (default kernels): " + ", ".join(timed_equal))
     if args.native_only or args.train_only:
-        what = ("native-only: both columns are native CUDA, each side in processes of its own" if args.native_only
-                else "train rows: each side in processes of its own")
-        report(rows, args.json, f"{what}; {args.pairs} pairs of processes, spread = quartiles of the per-pair "
-               f"ratios{pinned}; losses of the timed passes: " + ", ".join(timed_equal))
+        report(rows, args.json, *notes)
         return
     models = {side: qwen3_06b.build(side, torch.bfloat16).eval() for side in SIDES}
     prompt = qwen3_06b.batches(1, 1, 16)[0]
@@ -284,12 +287,6 @@ def main():
     del models
     torch.cuda.empty_cache()
 
-    notes = []
-    if not args.decode_only:
-        notes.append(f"train rows: {args.pairs} pairs of side processes, spread = quartiles of the per-pair ratios"
-                     f"{pinned}; "
-                     "exact = losses bitwise equal with deterministic algorithms on both sides; "
-                     "losses of the timed passes (default kernels): " + ", ".join(timed_equal))
     notes.append("per-token row: greedy with the dynamic cache, one forward per token, no generate loop around it")
     notes.append("graph row: flagos replays a CUDA graph per token, native runs eager generate; exact compares "
                  "with native generate on the same static cache; with the timed native (dynamic cache) tokens: "
