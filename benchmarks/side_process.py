@@ -24,15 +24,16 @@ import json
 import os
 import sys
 
+SERVES_FLAGOS = __name__ == "__main__" and sys.argv[1:] == ["flagos"]
 if __name__ == "__main__":
-    if sys.argv[1:] != ["flagos"]:
+    if not SERVES_FLAGOS:
         os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # before torch: no flagos here
     if os.environ.get("FLAGOS_SIDE_CPUS"):  # before torch starts its threads: they inherit it
         os.sched_setaffinity(0, [int(c) for c in os.environ["FLAGOS_SIDE_CPUS"].split(",")])
 
 import torch  # noqa: E402
 
-if __name__ == "__main__" and sys.argv[1:] == ["flagos"]:
+if SERVES_FLAGOS:
     import flagos_core  # noqa: E402,F401  (autoload may be off)
 
 import qwen3_06b  # noqa: E402

@@ -243,5 +243,5 @@ def __getattr__(name):
     from . import _inductor
 
     if name in _inductor.CODEGEN_NAMES:
-        return _inductor.codegen_attribute(name)
+        return _inductor.codegen_attribute()
     raise AttributeError(f"module 'torch.flagos' has no attribute '{name}'")

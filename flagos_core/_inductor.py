@@ -30,9 +30,9 @@ class InductorUnsupported(metaclass=_RaisesOnUse):
         raise RuntimeError(MESSAGE)
 
 
-def codegen_attribute(name):
-    """torch.flagos.<name> for inductor's lookup; also gives inductor the
-    device-op table it reads before any generator (so it reaches ours)."""
+def codegen_attribute():
+    """What torch.flagos gives for each of CODEGEN_NAMES; also gives inductor
+    the device-op table it reads before any generator (so it reaches ours)."""
     from torch._inductor.codegen.common import register_device_op_overrides
     from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
 
