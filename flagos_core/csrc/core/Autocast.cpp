@@ -46,6 +46,9 @@ Tensor binaryCrossEntropyRefused(const Tensor&, const Tensor&, const std::option
 }
 
 void registerCudaPolicies(torch::Library& m) {
+  // Torch releases with named tensors (up to 2.12) list norm.names with an
+  // unqualified DimnameList, which later releases no longer declare.
+  using namespace at;
   AT_FORALL_LOWER_PRECISION_FP(FLAGOS_LOWER_PRECISION_FP)
   AT_FORALL_FP32(FLAGOS_FP32)
   AT_FORALL_FP32_SET_OPT_DTYPE(FLAGOS_FP32_SET_OPT_DTYPE)
