@@ -146,8 +146,10 @@ def bench_training(devices, model_path, pairs, check_exact=True, cpus=None):
                     if check_exact:
                         entry["same"] = deterministic_losses_equal(procs, batch, seq, 8 if batch == 1 else 3,
                                                                    model_path)
+                rates = ", ".join(f"{side} {batch * seq * steps / medians[side]:.0f}" for side in procs)
                 print(f"  pair {p + 1}/{pairs} {batch}x{seq}: {entry['ratios'][-1]:.3f} "
-                      f"({time.perf_counter() - start:.0f} s into the pairs)", flush=True)
+                      f"(tok/s, first-trained first: {rates}; {time.perf_counter() - start:.0f} s into the pairs)",
+                      flush=True)
         finally:
             for proc in procs.values():
                 proc.close()
