@@ -37,6 +37,13 @@ if(_torch_info_length GREATER 6)
   list(GET _torch_info 6 TORCH_LIBSTDCXX)
 endif()
 message(STATUS "flagos: building against torch ${TORCH_VERSION_STRING} (${TORCH_LIB_DIR})")
+# 2.9's c10::DeviceAllocator has no getMemoryInfo, which the core's memory
+# reporting overrides: say so before the compiler does, less clearly.
+string(REGEX MATCH "^[0-9]+\\.[0-9]+" _torch_minor "${TORCH_VERSION_STRING}")
+if(_torch_minor VERSION_LESS 2.10)
+  message(FATAL_ERROR "flagos: torch ${TORCH_VERSION_STRING} is too old: flagos-core builds against torch 2.10 or newer "
+                      "(pip install 'torch>=2.10')")
+endif()
 
 add_library(torch_from_python INTERFACE)
 target_include_directories(torch_from_python INTERFACE ${TORCH_INCLUDE} ${TORCH_API_INCLUDE})
