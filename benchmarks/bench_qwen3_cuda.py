@@ -257,6 +257,7 @@ def main():
         print(f"[{time.perf_counter() - start:4.0f} s] {r['measure']}: {r['ratio']:.3f}", flush=True)
 
     devices = {side: "cuda" if args.native_only else side for side in SIDES}
+    notes = []
     if not args.decode_only:
         with tempfile.TemporaryDirectory() as tmp:
             model_path = os.path.join(tmp, "qwen3-0.6b-bf16.pt")
@@ -268,8 +269,6 @@ def main():
                     ratio=entry["ratio"]))
             add(row(f"peak mem train {batch}x{seq} MiB", {s: b / 2**20 for s, b in entry["peaks"].items()},
                     (None, None), "<= 1.01", None))
-    notes = []
-    if not args.decode_only:
         pinned = f"; both processes of a pair pinned to CPUs {cpus}" if cpus else ""
         exact = "" if args.native_only else "exact = losses bitwise equal with deterministic algorithms on both sides; "
         notes.append(("native-only: both columns are native CUDA; " if args.native_only else "")
