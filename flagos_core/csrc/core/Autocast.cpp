@@ -30,10 +30,6 @@ std::string g_device;
 #define FLAGOS_FP32_SET_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
 #define FLAGOS_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
 
-// The lists name these unqualified.
-using at::IntArrayRef;
-using at::Scalar;
-using at::ScalarType;
 using at::Tensor;
 
 // CUDA's autocast refuses binary_cross_entropy (its float16 inputs lose the
@@ -46,8 +42,8 @@ Tensor binaryCrossEntropyRefused(const Tensor&, const Tensor&, const std::option
 }
 
 void registerCudaPolicies(torch::Library& m) {
-  // Torch releases with named tensors (up to 2.12) list norm.names with an
-  // unqualified DimnameList, which later releases no longer declare.
+  // The lists name ATen's types unqualified (Tensor, Scalar, IntArrayRef,
+  // and up to torch 2.12 DimnameList, which later releases no longer declare).
   using namespace at;
   AT_FORALL_LOWER_PRECISION_FP(FLAGOS_LOWER_PRECISION_FP)
   AT_FORALL_FP32(FLAGOS_FP32)
