@@ -14,6 +14,9 @@ from . import _C, _builtin, hookspecs
 
 ENTRY_POINT_GROUP = "flagos.plugins"
 RUNTIME_ENV = "FLAGOS_RUNTIME"
+# "0": the core alone, no plugin loaded (the build's profiling run uses it:
+# an installed plugin may have been built against another core).
+DISCOVER_ENV = "FLAGOS_DISCOVER_PLUGINS"
 
 
 @dataclasses.dataclass
@@ -74,6 +77,8 @@ class Plugins:
             self.owner[module] = status
 
     def discover(self):
+        if os.environ.get(DISCOVER_ENV, "1") == "0":
+            return
         for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
             try:
                 module = entry.load()

@@ -153,6 +153,23 @@ def test_installed_plugin_is_discovered_and_loaded():
     assert out["layers"] == ["default"] * 3
 
 
+def test_discovery_switched_off_loads_no_plugin(fake_plugins):
+    # What the build's profiling run relies on: with FLAGOS_DISCOVER_PLUGINS=0
+    # neither the installed example nor the broken fakes are even imported.
+    code = """
+        import json, sys, torch, flagos_core
+        print(json.dumps({"plugins": flagos_core.plugins(), "providers": flagos_core.providers(),
+                          "imported": sorted(m for m in sys.modules if m.startswith(("flagos_example", "flagos_broken")))}))
+        """
+    off = run_json(code, fake_plugins, FLAGOS_DISCOVER_PLUGINS="0")
+    assert [p["name"] for p in off["plugins"]] == ["flagos-core"]
+    assert not {"example_cpp", "example_py"} & set(off["providers"])
+    assert off["imported"] == []
+    on = run_json(code, fake_plugins)  # the same process set-up, discovery on
+    assert {"flagos-example", WRONG_NAME, BROKEN_ENTRY} <= set(by_name(on["plugins"]))
+    assert "flagos_example" in on["imported"]
+
+
 def test_cpp_provider_serves_what_is_routed_to_it_bitwise_equal_to_cpu():
     out = run_json("""
         import json, torch, flagos_core
