@@ -9,7 +9,10 @@
 # trained and decoded on the host runtime: the per-call path every provider
 # shares), and compiles the real library with that profile: hot paths laid
 # out together, rare branches moved aside. The profile is made fresh by every
-# build, for the compiler and torch at hand; nothing is committed.
+# build, for the compiler and torch at hand; nothing is committed. In an
+# incremental build the objects whose sources changed compile with the new
+# profile and the others keep theirs (still valid for their unchanged code); a
+# change to the workload alone takes effect in a clean build.
 #
 #   -DFLAGOS_PGO=OFF    builds without it (about half the build time)
 
