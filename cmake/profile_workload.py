@@ -6,8 +6,8 @@ a KV cache, on flagos's host runtime: the per-call path every provider shares
 (aliases, results, the typed kernels of the ops models call most) runs
 thousands of times. The build runs this against an instrumented twin of the
 library; GCC then lays out the real library's hot paths together and moves
-the rarely taken branches aside, which halves the instruction-cache misses
-flagos adds per call (docs/performance.md).
+the rarely taken branches aside, which cuts the instruction-cache misses
+flagos adds over the native device by about two thirds (docs/performance.md).
 
     python profile_workload.py    (with the instrumented flagos_core first on PYTHONPATH)
 """
@@ -107,7 +107,7 @@ def main():
                 logits = model(token, ids.shape[1] + step, caches)
     if not torch.isfinite(logits).all():
         sys.exit("profile workload: non-finite logits")
-    print("profile workload done:", float(loss))
+    print("profile workload done, last training loss", float(loss.detach()))
 
 
 if __name__ == "__main__":
