@@ -99,6 +99,12 @@ at::Tensor CallState::fromNative(at::Tensor t, c10::DeviceIndex index) {
   if (!t.defined() || t.device().type() == c10::DeviceType::PrivateUse1) {
     return t;
   }
+  // The common case first: a tensor this kernel made, held by nobody else.
+  // An argument's alias, a view of one and an alias storage are all held by
+  // this call or a cache as well, so none of them passes this test.
+  if (relabelIfSoleOwner(t, index)) {
+    return t;
+  }
   for (const Alias& a : aliases) {
     if (a.native == t.unsafeGetTensorImpl()) {
       // in-place and out= ops hand back their argument
@@ -116,9 +122,6 @@ at::Tensor CallState::fromNative(at::Tensor t, c10::DeviceIndex index) {
   }
   if (auto flagos = aliasedFlagosStorage(t.storage())) {
     return flagosTensorOver(*flagos, t);
-  }
-  if (relabelIfSoleOwner(t, index)) {
-    return t; // made by this kernel and seen by nobody else
   }
   return flagosTensorOver(flagosStorageFor(t.storage(), index, isFresh(storage)), t);
 }
