@@ -27,7 +27,7 @@ reproducible against itself at 8 x 1024 (its attention backward accumulates
 with atomics: two native runs part in the 5th step). The timed passes use the
 default kernels, as users do; whether their losses matched is printed too.
 
-    python benchmarks/bench_qwen3_cuda.py [--pairs 5] [--pin N] [--rounds 5] [--step-rounds 3] [--json PATH]
+    python benchmarks/bench_qwen3_cuda.py [--pairs 5] [--pin N] [--rounds 5] [--step-rounds 6] [--json PATH]
                                           [--decode-only | --train-only | --native-only]
 
 --native-only times the training rows with native CUDA on both sides (both
@@ -235,7 +235,7 @@ def row(name, rates, spread, target, same, ratio=None):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5, help="rounds of the generate-based decode rows")
-    parser.add_argument("--step-rounds", type=int, default=3, help="rounds of the step-interleaved decode row")
+    parser.add_argument("--step-rounds", type=int, default=6, help="rounds of the step-interleaved decode row")
     parser.add_argument("--json")
     parser.add_argument("--pairs", type=int, default=5, help="fresh pairs of side processes for the training rows")
     parser.add_argument("--pin", type=int, metavar="N",
