@@ -288,7 +288,8 @@ def main():
     del models
     torch.cuda.empty_cache()
 
-    notes.append("per-token row: greedy with the dynamic cache, one forward per token, no generate loop around it")
+    notes.append(f"decode rows: {args.rounds} timed rounds of generate (graph row too), {args.step_rounds} of the "
+                 "per-token row: greedy with the dynamic cache, one forward per token, no generate loop around it")
     notes.append("graph row: flagos replays a CUDA graph per token, native runs eager generate; exact compares "
                  "with native generate on the same static cache; with the timed native (dynamic cache) tokens: "
                  + ("equal" if same_dynamic else "not equal"))
