@@ -18,9 +18,22 @@ import sys
 os.environ["FLAGOS_RUNTIME"] = "host"  # the same shared per-call code on any machine
 os.environ["FLAGOS_DISCOVER_PLUGINS"] = "0"  # an installed plugin was built against another core
 
+# An editable install of flagos-core from another checkout (as scripts/ab-core
+# makes) puts an import redirect ahead of PYTHONPATH: without this, the run
+# would profile that checkout's installed library, not the instrumented twin,
+# and leave no profile behind.
+sys.meta_path[:] = [
+    finder for finder in sys.meta_path
+    if "flagos_core" not in getattr(finder, "known_source_files", ())
+]
+
 import torch  # noqa: E402
 
-import flagos_core  # noqa: E402,F401
+import flagos_core  # noqa: E402
+
+_stage = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0]
+if _stage and not os.path.abspath(flagos_core.__file__).startswith(os.path.abspath(_stage) + os.sep):
+    sys.exit(f"profile_workload: imported flagos_core from {flagos_core.__file__}, not from the staged build {_stage}")
 
 VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, LAYERS = 256, 64, 4, 2, 16, 128, 2
 
