@@ -1,15 +1,21 @@
 """Where flagos spends more host time than the native device, op by op.
 
-    python benchmarks/profile_ops.py [--model tiny|0.6b] [--tokens N] [--rounds N] [--top K] [--python]
+    python benchmarks/profile_ops.py [--model tiny|0.6b] [--tokens N] [--rounds N] [--top K] [--kind aten|python|both]
 
 Greedy-decodes with a Qwen3 on the native device and on flagos (same model,
-same prompt, one process, the sides taking turns) under torch.profiler (CPU
-activity: the host side of every ATen call), and prints the ops whose total
-time grew most on flagos, per call and in all. Meant for the case where a
-whole model is slower than the per-op benchmark predicts: the top rows say
-which ops to look at.
-With --python it also compares Python functions' own time (cProfile), for
-gaps that lie between ATen calls (device checks, autocast, hooks).
+same prompt, one process, the sides taking turns) and prints where flagos's
+extra host time goes. Meant for the case where a whole model is slower than
+the per-op benchmark predicts: the top rows say which calls to look at.
+
+--kind aten (the default): torch.profiler's CPU activity, the host side of
+every ATen call. A flagos call shows as two events, its own and the native
+kernel's it reaches, so the profiler's own cost counts twice on flagos.
+--kind python: cProfile, the sides alternating token by token. A builtin's
+row (torch's Python bindings: `linear`, `to`, `cat`, ...) is the time of the
+whole ATen call it makes, profiled at the same point on both sides, so its
+"per call" column is the call's in-model cost beside the per-op benchmark's.
+Also prints each side's wall and thread CPU time per token without a
+profiler: extra wall time that is not CPU time is waiting, not work.
 """
 
 import argparse
@@ -26,6 +32,8 @@ import flagos_core
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qwen3_06b  # noqa: E402
+from bench_decode_steps import decode_round  # noqa: E402
+from bench_host_overhead import load_demo  # noqa: E402
 
 
 def op_times(model, prompt, tokens, device):
@@ -51,19 +59,46 @@ def interleaved_op_times(models, prompt, tokens, rounds):
     return times
 
 
-def python_times(model, prompt, tokens, device):
-    """{function: (calls, own seconds)} over one greedy decode, and its wall seconds."""
-    qwen3_06b.greedy(model, prompt, 2, device)
-    start = time.perf_counter()
-    qwen3_06b.greedy(model, prompt, tokens, device)
-    wall = time.perf_counter() - start
-    prof = cProfile.Profile()
-    prof.enable()
-    qwen3_06b.greedy(model, prompt, tokens, device)
-    prof.disable()
-    stats = pstats.Stats(prof).stats
-    named = {f"{os.path.basename(f)}:{line}:{fn}": (v[1], v[2]) for (f, line, fn), v in stats.items()}
-    return named, wall
+def step_clocks(models, prompt, tokens, rounds):
+    """{device: (wall s, thread CPU s)} per token, sides alternating per token,
+    every step synchronised (the first round a warm-up)."""
+    demo = load_demo()
+    sums = {device: [0.0, 0.0] for device in models}
+
+    def timed(decoder, device):
+        demo.synchronize(device)
+        wall, cpu = time.perf_counter(), time.thread_time()
+        decoder.step()
+        demo.synchronize(device)
+        sums[device][0] += time.perf_counter() - wall
+        sums[device][1] += time.thread_time() - cpu
+        return 0.0
+
+    decode_round(models, prompt, 2, timed)
+    sums = {device: [0.0, 0.0] for device in models}
+    for _ in range(rounds):
+        decode_round(models, prompt, tokens, timed)
+    return {device: (w / (rounds * tokens), c / (rounds * tokens)) for device, (w, c) in sums.items()}
+
+
+def python_times(models, prompt, tokens, rounds):
+    """{device: {function: (calls, own seconds)}} under cProfile, the sides
+    alternating token by token as in bench_decode_steps (prefill untimed)."""
+    profilers = {device: cProfile.Profile() for device in models}
+
+    def profiled(decoder, device):
+        profilers[device].enable()
+        decoder.step()
+        profilers[device].disable()
+        return 0.0
+
+    for _ in range(rounds):
+        decode_round(models, prompt, tokens, profiled)
+    named = {}
+    for device, prof in profilers.items():
+        stats = pstats.Stats(prof).stats
+        named[device] = {f"{os.path.basename(f)}:{line}:{fn}": (v[1], v[2]) for (f, line, fn), v in stats.items()}
+    return named
 
 
 def print_diff(times, native, top, unit, scale):
@@ -74,9 +109,15 @@ def print_diff(times, native, top, unit, scale):
         rows.append((f_t - n_t, name, n_calls, f_calls, n_t, f_t))
     rows.sort(reverse=True)
     print(f"{'name':60s} {'calls ' + native:>12s} {'calls flagos':>12s} {native + ' ' + unit:>12s} "
-          f"{'flagos ' + unit:>12s} {'extra':>10s}")
+          f"{'flagos ' + unit:>12s} {'extra':>10s} {'per call':>9s}")
     for extra, name, n_calls, f_calls, n_t, f_t in rows[:top]:
-        print(f"{name[-60:]:60s} {n_calls:12d} {f_calls:12d} {n_t * scale:12.0f} {f_t * scale:12.0f} {extra * scale:10.0f}")
+        per_call = extra * scale / f_calls if f_calls == n_calls and f_calls else float("nan")
+        print(f"{name[-60:]:60s} {n_calls:12d} {f_calls:12d} {n_t * scale:12.0f} {f_t * scale:12.0f} "
+              f"{extra * scale:10.0f} {per_call:9.2f}")
+    for label, pick in (("builtins (ATen calls and other C code)", True), ("Python functions' own code", False)):
+        part = [r for r in rows if r[1].startswith("~:0:") == pick]
+        print(f"  {label}: {native} {sum(r[4] for r in part) * scale:.0f} {unit}, "
+              f"flagos {sum(r[5] for r in part) * scale:.0f} {unit}, extra {sum(r[0] for r in part) * scale:.0f} {unit}")
 
 
 def main():
@@ -85,29 +126,30 @@ def main():
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=4, help="profiled decodes per device, interleaved")
-    parser.add_argument("--python", action="store_true", help="also compare Python functions (cProfile)")
+    parser.add_argument("--kind", choices=("aten", "python", "both"), default="aten",
+                        help="torch.profiler per ATen op, cProfile per Python-visible call, or both")
     args = parser.parse_args()
     native = "cuda" if flagos_core.runtime()["name"] == "cuda" else "cpu"
     sizes = qwen3_06b.TINY if args.model == "tiny" else {}
     dtype = torch.bfloat16 if native == "cuda" else torch.float32
     prompt = qwen3_06b.batches(1, batch=1, seq=8, vocab=sizes.get("vocab_size", 151936))[0]
     models = {device: qwen3_06b.build(device, dtype, **sizes).eval() for device in (native, "flagos")}
-    times = interleaved_op_times(models, prompt, args.tokens, args.rounds)
-    del models
-    total_native = sum(us for _, us in times[native].values())
-    total_flagos = sum(us for _, us in times["flagos"].values())
-    print(f"host time in profiled ops: {native} {total_native / 1e3:.1f} ms, flagos {total_flagos / 1e3:.1f} ms "
-          f"({args.model} Qwen3, {args.rounds} x {args.tokens} tokens per side, interleaved)")
-    print_diff(times, native, args.top, "us", 1.0)
-    if args.python:
-        py_times, walls = {}, {}
-        for device in (native, "flagos"):
-            model = qwen3_06b.build(device, dtype, **sizes).eval()
-            py_times[device], walls[device] = python_times(model, prompt, args.tokens, device)
-            del model
-        print(f"\nwall time per token without profiler: {native} {walls[native] / args.tokens * 1e3:.2f} ms, "
-              f"flagos {walls['flagos'] / args.tokens * 1e3:.2f} ms")
-        print("Python functions' own time (cProfile; builtins include the ATen calls they make):")
+    described = f"{args.model} Qwen3, {args.rounds} x {args.tokens} tokens per side, interleaved"
+    if args.kind in ("aten", "both"):
+        times = interleaved_op_times(models, prompt, args.tokens, args.rounds)
+        total_native = sum(us for _, us in times[native].values())
+        total_flagos = sum(us for _, us in times["flagos"].values())
+        print(f"host time in profiled ops: {native} {total_native / 1e3:.1f} ms, flagos {total_flagos / 1e3:.1f} ms "
+              f"({described})")
+        print_diff(times, native, args.top, "us", 1.0)
+    if args.kind in ("python", "both"):
+        clocks = step_clocks(models, prompt, args.tokens, args.rounds)
+        (n_wall, n_cpu), (f_wall, f_cpu) = clocks[native], clocks["flagos"]
+        print(f"\nper token without a profiler ({described}): wall {native} {n_wall * 1e3:.2f} ms, "
+              f"flagos {f_wall * 1e3:.2f} ms (ratio {n_wall / f_wall:.3f}); thread CPU {native} {n_cpu * 1e3:.2f} ms, "
+              f"flagos {f_cpu * 1e3:.2f} ms (ratio {n_cpu / f_cpu:.3f})")
+        py_times = python_times(models, prompt, args.tokens, args.rounds)
+        print(f"Python-visible calls under cProfile ({described}), own time:")
         print_diff(py_times, native, args.top, "us", 1e6)
 
 
