@@ -6,8 +6,6 @@
 
 #include <c10/util/SmallVector.h>
 
-#include <atomic>
-#include <typeinfo>
 #include <vector>
 
 namespace flagos::detail {
@@ -58,13 +56,21 @@ class AliasImpl final : public c10::TensorImpl {
     storage_offset_ = from.*kStorageOffset;
     numel_ = from.*kNumel;
     // The *_default readers: the stored flags (flagos tensors have no custom
-    // size/stride policy, and symbolic ones took the branch above).
-    is_contiguous_ = from.is_contiguous_default(c10::MemoryFormat::Contiguous);
-    is_channels_last_contiguous_ = from.is_contiguous_default(c10::MemoryFormat::ChannelsLast);
-    is_channels_last_3d_contiguous_ = from.is_contiguous_default(c10::MemoryFormat::ChannelsLast3d);
-    is_channels_last_ = from.is_strides_like_default(c10::MemoryFormat::ChannelsLast);
-    is_channels_last_3d_ = from.is_strides_like_default(c10::MemoryFormat::ChannelsLast3d);
-    is_non_overlapping_and_dense_ = from.is_non_overlapping_and_dense_default();
+    // size/stride policy, and symbolic ones took the branch above). All read
+    // before any is written: the compiler cannot tell `from` from `this`, and
+    // interleaved, every bit-field write made it read `from` again.
+    const bool contiguous = from.is_contiguous_default(c10::MemoryFormat::Contiguous);
+    const bool channels_last_contiguous = from.is_contiguous_default(c10::MemoryFormat::ChannelsLast);
+    const bool channels_last_3d_contiguous = from.is_contiguous_default(c10::MemoryFormat::ChannelsLast3d);
+    const bool channels_last = from.is_strides_like_default(c10::MemoryFormat::ChannelsLast);
+    const bool channels_last_3d = from.is_strides_like_default(c10::MemoryFormat::ChannelsLast3d);
+    const bool non_overlapping_and_dense = from.is_non_overlapping_and_dense_default();
+    is_contiguous_ = contiguous;
+    is_channels_last_contiguous_ = channels_last_contiguous;
+    is_channels_last_3d_contiguous_ = channels_last_3d_contiguous;
+    is_channels_last_ = channels_last;
+    is_channels_last_3d_ = channels_last_3d;
+    is_non_overlapping_and_dense_ = non_overlapping_and_dense;
   }
 
   bool hasGeometryOf(const c10::TensorImpl& from) const {
@@ -146,7 +152,9 @@ class AliasPool {
   }
 
  private:
-  static constexpr size_t kMaxPerDevice = 64;
+  // Enough for a foreach call over a model's parameter lists (an optimizer
+  // step passes three lists of every parameter), at a few hundred bytes each.
+  static constexpr size_t kMaxPerDevice = 1024;
   // Nearly always one native device per process: check the first list first.
   std::vector<c10::TensorImpl*>& freeList(c10::Device native) {
     if (C10_LIKELY(!lists_.empty() && lists_[0].first == native)) {
@@ -218,52 +226,12 @@ void copyMathBits(const c10::TensorImpl& from, c10::TensorImpl& to) {
   }
 }
 
-// A flagos tensor's native alias, made once and shared by every read of the
-// tensor, on any thread: published once (empty -> making -> ready) and never
-// changed after, so readers need no lock. If the flagos tensor's metadata
-// changes in place, the alias stops matching and calls take pooled ones.
-class AliasCache final : public c10::BackendMeta {
- public:
-  const at::Tensor* ready() const {
-    return state_.load(std::memory_order_acquire) == kReady ? &alias_ : nullptr;
-  }
-  bool claim() {
-    int expected = kEmpty;
-    return state_.compare_exchange_strong(expected, kMaking, std::memory_order_acq_rel);
-  }
-  const at::Tensor* publish(at::Tensor alias) {
-    alias_ = std::move(alias);
-    state_.store(kReady, std::memory_order_release);
-    return &alias_;
-  }
-  ~AliasCache() override {
-    if (state_.load(std::memory_order_acquire) != kReady) {
-      return;
-    }
-    c10::intrusive_ptr<c10::TensorImpl> impl = std::move(alias_).unsafeReleaseIntrusivePtr();
-    c10::StorageImpl* s = impl->unsafe_storage().unsafeGetStorageImpl();
-    // Back to the pool only as made: an AliasImpl, held by nobody else, still
-    // over the flagos memory (a kernel may have re-pointed or resized it).
-    if (impl.use_count() == 1 && impl.weak_use_count() == 1 && impl->unsafe_storage().use_count() == 1 &&
-        s->data_ptr().get_deleter() == &releaseFlagosStorage && typeid(*impl) == typeid(AliasImpl)) {
-      const c10::Device native = s->data_ptr().device();
-      s->set_data_ptr_noswap(c10::DataPtr(nullptr, native)); // drops the flagos storage reference
-      giveAlias(std::move(impl), native);
-    }
-  }
-
- private:
-  static constexpr int kEmpty = 0, kMaking = 1, kReady = 2;
-  std::atomic<int> state_{kEmpty};
-  at::Tensor alias_;
-};
-
-// `alias` over flagos tensor `t`'s memory with t's geometry: the data pointer
-// is an owning one when the alias may outlive a call (cached), borrowed else.
-void pointAliasAt(AliasImpl& alias, const c10::TensorImpl& t, c10::Device native, bool owning) {
+// `alias` over flagos tensor `t`'s memory with t's geometry, borrowing it for
+// the call (recycleAlias makes the pointer owning if a kernel keeps the alias).
+void pointAliasAt(AliasImpl& alias, const c10::TensorImpl& t, c10::Device native) {
   c10::StorageImpl* storage = alias.unsafe_storage().unsafeGetStorageImpl();
   c10::StorageImpl* flagos = t.unsafe_storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(owning ? aliasDataPtr(flagos, native) : borrowedDataPtr(flagos, native));
+  storage->set_data_ptr_noswap(borrowedDataPtr(flagos, native));
   storage->set_nbytes(flagos->nbytes());
   if (storage->resizable() != flagos->resizable()) {
     storage->set_resizable(flagos->resizable());
@@ -326,40 +294,9 @@ at::Tensor flagosTensorOver(c10::Storage storage, const at::Tensor& geometry) {
 
 at::Tensor pooledAlias(const at::Tensor& t, c10::Device native, const c10::StorageImpl** made) {
   at::Tensor alias = takeAlias(native);
-  pointAliasAt(asAliasImpl(alias), *t.unsafeGetTensorImpl(), native, false);
+  pointAliasAt(asAliasImpl(alias), *t.unsafeGetTensorImpl(), native);
   *made = alias.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
   return alias;
-}
-
-void attachAliasCache(c10::TensorImpl& impl) {
-  impl.set_backend_meta(c10::make_intrusive<AliasCache>());
-}
-
-const at::Tensor* cachedAlias(const at::Tensor& t, DeviceRuntime& rt) {
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  c10::BackendMeta* meta = impl->get_backend_meta();
-  // Someone else's backend metadata (a plugin may attach its own): no cache.
-  if (meta == nullptr || typeid(*meta) != typeid(AliasCache)) {
-    return nullptr;
-  }
-  auto* cache = static_cast<AliasCache*>(meta);
-  if (const at::Tensor* alias = cache->ready()) {
-    const AliasImpl& a = asAliasImpl(*alias);
-    const c10::StorageImpl* as = a.unsafe_storage().unsafeGetStorageImpl();
-    const c10::StorageImpl* fs = impl->unsafe_storage().unsafeGetStorageImpl();
-    const c10::DataPtr& ptr = as->data_ptr();
-    const bool matches = ptr.get_context() == fs && ptr.get() == fs->data_ptr().get() &&
-        as->nbytes() == fs->nbytes() && a.dtype() == impl->dtype() && a.hasGeometryOf(*impl) &&
-        a.is_conj() == impl->is_conj() && a.is_neg() == impl->is_neg();
-    return matches ? alias : nullptr;
-  }
-  if (!cache->claim()) {
-    return nullptr; // another thread is making it
-  }
-  const c10::Device native = rt.nativeDevice(t.device().index());
-  at::Tensor alias = takeAlias(native);
-  pointAliasAt(asAliasImpl(alias), *impl, native, true);
-  return cache->publish(std::move(alias));
 }
 
 void recycleAlias(at::Tensor&& alias, const c10::StorageImpl* made) {

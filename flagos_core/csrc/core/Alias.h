@@ -36,36 +36,14 @@ at::Tensor pooledAlias(const at::Tensor& t, c10::Device native, const c10::Stora
 // refcounting; one whose storage the kernel re-pointed is left as it is.
 void recycleAlias(at::Tensor&& alias, const c10::StorageImpl* made);
 
-// Tensors from the core's factory kernels (empty, empty_strided: parameters,
-// buffers, optimizer state, anything made with a device= argument) carry a
-// cache for their native alias, as PrivateUse1 backend metadata set while the
-// tensor is still private to the making thread. The alias is made on the
-// tensor's first use and serves every later one: a check that geometry and
-// memory still match, instead of a pooled alias set up and recycled per call.
-// A kernel that changes an argument's metadata (resize_, t_, out= resizes)
-// changes the cached alias, and the call's write-back gives the flagos tensor
-// the same metadata, so the two agree again; one that moves the memory
-// (set_, a growing resize) leaves an alias that no longer validates, and the
-// tensor takes pooled aliases from then on. Kernel results and views, mostly
-// read once, take pooled aliases: for them the cache would cost more than it
-// saves.
-void attachAliasCache(c10::TensorImpl& impl);
-// The cached alias of `t`, or nullptr (no cache, or t's metadata or memory
-// changed since it was made, other than through a call's write-back): the
-// caller then takes a pooled alias. Shared between threads, as `t` is.
-const at::Tensor* cachedAlias(const at::Tensor& t, DeviceRuntime& rt);
-
 // The native alias of a flagos tensor for the scope of a core kernel that
-// changes no metadata (the cached one, else one from the pool, back at scope
-// exit); any other tensor as it is. `t` must outlive the scope.
+// changes no metadata (one from the pool, back at scope exit); any other
+// tensor as it is. `t` must outlive the scope.
 class ScopedAlias {
  public:
   ScopedAlias(const at::Tensor& t, c10::Device native) : original_(t) {
     if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1) {
-      cached_ = cachedAlias(t, activeRuntime());
-      if (cached_ == nullptr) {
-        alias_ = pooledAlias(t, native, &made_);
-      }
+      alias_ = pooledAlias(t, native, &made_);
     }
   }
   ~ScopedAlias() {
@@ -74,12 +52,11 @@ class ScopedAlias {
   ScopedAlias(const ScopedAlias&) = delete;
   ScopedAlias& operator=(const ScopedAlias&) = delete;
   const at::Tensor& get() const {
-    return cached_ ? *cached_ : made_ ? alias_ : original_;
+    return made_ ? alias_ : original_;
   }
 
  private:
   const at::Tensor& original_;
-  const at::Tensor* cached_ = nullptr;
   at::Tensor alias_;
   const c10::StorageImpl* made_ = nullptr;
 };

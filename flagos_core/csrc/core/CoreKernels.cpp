@@ -39,7 +39,6 @@ at::Tensor empty(
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index));
   at::Tensor t = at::detail::empty_generic(
       size, activeRuntime().allocator(), kFlagosKeys, c10::dtype_or_default(dtype), memory_format);
-  detail::attachAliasCache(*t.unsafeGetTensorImpl());
   return t;
 }
 
@@ -55,7 +54,6 @@ at::Tensor emptyStrided(
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index));
   at::Tensor t = at::detail::empty_strided_generic(
       size, stride, activeRuntime().allocator(), kFlagosKeys, c10::dtype_or_default(dtype));
-  detail::attachAliasCache(*t.unsafeGetTensorImpl());
   return t;
 }
 

@@ -45,11 +45,6 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, size_t arg, 
     return c10::MaybeOwned<at::Tensor>::borrowed(t);
   }
   noteDevice(d, arg);
-  if (const at::Tensor* cached = cachedAlias(t, rt)) {
-    c10::TensorImpl* impl = cached->unsafeGetTensorImpl();
-    aliases.push_back(Alias{at::Tensor(), impl, t.unsafeGetTensorImpl(), impl->unsafe_storage().unsafeGetStorageImpl()});
-    return c10::MaybeOwned<at::Tensor>::borrowed(*cached);
-  }
   const c10::StorageImpl* made = nullptr;
   at::Tensor alias = pooledAlias(t, consts.nativeDevice(d.index()), &made);
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
@@ -101,7 +96,7 @@ at::Tensor CallState::fromNative(at::Tensor t, c10::DeviceIndex index) {
   }
   // The common case first: a tensor this kernel made, held by nobody else.
   // An argument's alias, a view of one and an alias storage are all held by
-  // this call or a cache as well, so none of them passes this test.
+  // this call as well, so none of them passes this test.
   if (relabelIfSoleOwner(t, index)) {
     return t;
   }

@@ -22,8 +22,7 @@ namespace flagos {
 namespace detail {
 
 struct Alias {
-  // This call's own alias, from the pool and back to it after the call;
-  // undefined when the kernel reads the flagos tensor's cached alias.
+  // This call's own alias, from the pool and back to it after the call.
   at::Tensor pooled;
   c10::TensorImpl* native; // the alias the kernel sees
   // Borrowed: the caller's flagos tensor, alive for the whole call. Taking a

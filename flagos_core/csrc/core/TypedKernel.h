@@ -64,7 +64,7 @@ struct Arg<at::Tensor&> {
     return s.toAlias(t, a, false);
   }
   static at::Tensor& pass(Held& h) {
-    return const_cast<at::Tensor&>(*h); // an alias the core owns (cached or pooled)
+    return const_cast<at::Tensor&>(*h); // a pooled alias the core owns for the call
   }
 };
 

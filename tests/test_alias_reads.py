@@ -1,11 +1,11 @@
-"""The native alias a factory-made flagos tensor keeps for its reads.
+"""Reads of a flagos tensor after it changed, through the native aliases calls take.
 
-A tensor from empty/empty_strided (so from randn, zeros, .to("flagos"), ...)
-makes its native alias on first read and reuses it. These tests change such a
-tensor after that first read, in every way PyTorch allows (in-place metadata
-ops, resize, set_, .data), and check that later reads see the change exactly
-as CPU does; that the alias does not keep memory alive after the tensor dies;
-and that many threads making the first read at once agree.
+Every call passes a native alias of each flagos argument, set up from the
+tensor's metadata and memory at that call. These tests change a tensor after
+a first read, in every way PyTorch allows (in-place metadata ops, resize,
+set_, .data), and check that later reads see the change exactly as CPU does;
+that reading a tensor does not keep its memory alive after it dies; and that
+many threads reading one tensor at once agree.
 """
 
 import threading
@@ -29,7 +29,7 @@ def _check(flagos_value, cpu_value):
 
 def test_reads_after_in_place_metadata_ops_see_the_new_geometry():
     cpu, dev = _pair(3, 4)
-    _check(dev * 2, cpu * 2)  # first read: the alias is made
+    _check(dev * 2, cpu * 2)  # a first read
     for op in (lambda t: t.t_(), lambda t: t.unsqueeze_(0), lambda t: t.squeeze_(0),
                lambda t: t.transpose_(0, 1), lambda t: t.as_strided_((2, 2), (1, 3), 1)):
         op(cpu)
@@ -84,14 +84,14 @@ def test_a_tensor_that_was_read_frees_its_memory():
     torch.flagos.empty_cache()
     before = torch.flagos.memory_allocated()
     x = torch.ones(1 << 16, device="flagos")
-    (x + 1).sum().item()  # x's alias is made and cached
+    (x + 1).sum().item()  # x is read through an alias
     assert torch.flagos.memory_allocated() > before
     del x
     assert torch.flagos.memory_allocated() == before
 
 
 @pytest.mark.parametrize("threads", [8])
-def test_threads_make_the_first_read_together(threads):
+def test_threads_read_one_tensor_together(threads):
     results, errors = [], []
     for round_ in range(20):
         cpu, dev = _pair(32, 32, seed=round_)
@@ -118,7 +118,7 @@ def test_threads_make_the_first_read_together(threads):
 def test_written_arguments_that_change_shape_stay_in_step():
     cpu, dev = _pair(6)
     out_cpu, out_dev = torch.zeros(2), torch.zeros(2, device="flagos")
-    _check(out_dev + 0, out_cpu + 0)  # the out tensor's alias is made
+    _check(out_dev + 0, out_cpu + 0)  # a first read of the out tensor
     out_cpu.resize_(0)  # as PyTorch asks before an out= that changes the shape
     out_dev.resize_(0)
     torch.add(cpu, 1, out=out_cpu)  # out= resizes its argument
