@@ -73,10 +73,6 @@ class AliasImpl final : public c10::TensorImpl {
     is_non_overlapping_and_dense_ = non_overlapping_and_dense;
   }
 
-  bool hasGeometryOf(const c10::TensorImpl& from) const {
-    return storage_offset_ == from.*kStorageOffset && sizes_and_strides_ == from.*kSizesAndStrides;
-  }
-
   void setDtype(caffe2::TypeMeta dtype) {
     data_type_ = dtype;
   }
