@@ -1,7 +1,7 @@
 """Greedy decode on flagos against the native device, the sides alternating
 token by token, in one process.
 
-    python benchmarks/bench_decode_steps.py [--model tiny|0.6b] [--rounds N] [--tokens N]
+    python benchmarks/bench_decode_steps.py [--model tiny|0.6b] [--rounds N] [--tokens N] [--counters]
 
 Each round prefills both sides (untimed) and then decodes `tokens` tokens,
 one forward with the KV cache per token (qwen3_06b.GreedySteps), native and
@@ -11,7 +11,9 @@ native) and their median; the first round is a warm-up.
 
 On the host runtime it times CPU time with one torch thread pinned to one
 CPU, as bench_host_overhead.py does; on a GPU, wall time around
-synchronised steps.
+synchronised steps. --counters adds the CPU's event counts per token on
+each side (hw_counters.py: instructions, instruction-cache and TLB misses),
+over the timed rounds, on the calling thread and outside the synchronising.
 """
 
 import argparse
@@ -25,6 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qwen3_06b  # noqa: E402
 from bench_host_overhead import load_demo  # noqa: E402
+from hw_counters import HardwareCounters  # noqa: E402
 
 
 def decode_round(models, prompt, tokens, time_step):
@@ -48,6 +51,7 @@ def main(argv=None):
     parser.add_argument("--model", choices=("tiny", "0.6b"), default="tiny")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--counters", action="store_true", help="also count CPU events per token (perf_event_open)")
     args = parser.parse_args(argv)
     demo = load_demo()
     native = demo.native_device_for(demo.flagos_runtime_name())
@@ -65,10 +69,18 @@ def main(argv=None):
     models = {d: qwen3_06b.build(d, dtype, **sizes).eval() for d in sides}
     prompt = qwen3_06b.batches(1, 1, 8, vocab=sizes.get("vocab_size", 151936))[0]
 
+    counters = HardwareCounters() if args.counters else None
+    counted = {d: {} for d in sides}  # event totals over the timed rounds
+    counting = [False]
+
     def timed_step(decoder, device):
         demo.synchronize(device)
+        before = counters.read() if counting[0] else None
         start = clock()
         decoder.step()
+        if before is not None:
+            for name, n in HardwareCounters.delta(before, counters.read()).items():
+                counted[device][name] = counted[device].get(name, 0.0) + n
         demo.synchronize(device)
         return clock() - start
 
@@ -76,6 +88,7 @@ def main(argv=None):
           f"{args.tokens} tokens per round, {'CPU time, pinned' if clock is time.process_time else 'wall time'}")
     ratios, same = [], True
     for r in range(args.rounds):
+        counting[0] = bool(counters and counters.available and r > 0)
         spent, equal = decode_round(models, prompt, args.tokens, timed_step)
         same = same and equal
         ratio = spent[sides[0]] / spent[sides[1]]
@@ -86,7 +99,24 @@ def main(argv=None):
             ratios.append(ratio)
     print(f"median ratio (flagos speed / native): {statistics.median(ratios):.3f} over {len(ratios)} rounds; "
           f"tokens {'equal' if same else 'NOT equal'}")
+    if counters is not None:
+        print_counters(counters, counted, sides, args.tokens * (args.rounds - 1))
     return 0
+
+
+def print_counters(counters, counted, sides, tokens):
+    if not counters.available:
+        print(f"CPU event counters: not available here ({counters.why_not})")
+        return
+    if tokens == 0:
+        print("CPU event counters: no timed round (--rounds 1)")
+        return
+    native, flagos = sides
+    print(f"CPU event counters per token (calling thread, user space, {tokens} tokens per side):")
+    print(f"{'event':<16}{'native':>16}{'flagos':>16}{'flagos extra':>16}{'ratio':>8}")
+    for name in counters.names:
+        n, f = counted[native][name] / tokens, counted[flagos][name] / tokens
+        print(f"{name:<16}{n:>16,.0f}{f:>16,.0f}{f - n:>+16,.0f}{f / n if n else float('nan'):>8.3f}")
 
 
 if __name__ == "__main__":
