@@ -109,7 +109,7 @@ def render_typed(entries):
     lines += [f"#include <ATen/ops/{h}_ops.h>" for h in headers]
     lines += ["", "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {"]
     for slot, overload, op, _ in entries:
-        lines.append(f'  flagos::typed::registerTyped<at::_ops::{op}>(m, "{overload}", {slot});')
+        lines.append(f'  flagos::typed::registerTyped<at::_ops::{op}, {slot}>(m, "{overload}");')
     lines += ["}", ""]
     return "\n".join(lines)
 

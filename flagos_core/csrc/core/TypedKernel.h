@@ -193,18 +193,20 @@ struct DirectView<at::_ops::as_strided> {
   }
 };
 
-template <class Op, class Sig = typename Op::schema>
+// `Slot`: the overload's routing slot, a constant of the generated code, so
+// a call reads no per-op variable to find it.
+template <class Op, size_t Slot, class Sig = typename Op::schema>
 struct Kernel;
 
-template <class Op, class R, class... A>
-struct Kernel<Op, R(A...)> {
-  // Constant-initialised, so set before registration reads them whatever the
-  // order of static initialisation.
-  static inline size_t slot = 0;
+template <class Op, size_t Slot, class R, class... A>
+struct Kernel<Op, Slot, R(A...)> {
+  // Constant-initialised, so set before registration reads it whatever the
+  // order of static initialisation. Read only where a conf routed the
+  // overload to a provider that is not a relabel provider.
   static inline const c10::BoxedKernel* boxed = nullptr;
 
   static R call(c10::DispatchKeySet keys, A... args) {
-    const detail::SlotCall sc = detail::enterSlot(slot);
+    const detail::SlotCall sc = detail::enterSlot(Slot);
     RelabelProvider* provider = sc.provider->relabel();
     if (C10_UNLIKELY(provider == nullptr)) { // a conf routed it elsewhere
       return c10::impl::BoxedKernelWrapper<R(A...)>::call(*boxed, *sc.op, keys, std::forward<A>(args)...);
@@ -258,12 +260,11 @@ struct Kernel<Op, R(A...)> {
   }
 };
 
-// Registers the typed kernel of `Op` for routing slot `slot`.
-template <class Op>
-void registerTyped(torch::Library& m, const char* overload, size_t slot) {
-  Kernel<Op>::slot = slot;
-  Kernel<Op>::boxed = new c10::BoxedKernel(detail::providerBoxedKernel(slot)); // lives as long as the registration
-  m.impl(overload, torch::CppFunction::makeFromUnboxedFunction(TORCH_FN(Kernel<Op>::call)));
+// Registers the typed kernel of `Op` for routing slot `Slot`.
+template <class Op, size_t Slot>
+void registerTyped(torch::Library& m, const char* overload) {
+  Kernel<Op, Slot>::boxed = new c10::BoxedKernel(detail::providerBoxedKernel(Slot)); // lives as long as the registration
+  m.impl(overload, torch::CppFunction::makeFromUnboxedFunction(TORCH_FN((Kernel<Op, Slot>::call))));
 }
 
 } // namespace flagos::typed
