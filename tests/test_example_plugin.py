@@ -203,6 +203,18 @@ def test_cpp_provider_serves_what_is_routed_to_it_bitwise_equal_to_cpu():
             out["cases"][name] = [str(got[name].device), str(got[name].dtype) == str(want.dtype),
                                   got[name].shape == want.shape, torch.equal(bits(got[name].cpu()), bits(want))]
         out["counts"] = {f"{op} {p}": n for (op, p), n in t.counts.items() if p.startswith("example")}
+        # mul hands its fresh result over (adoptNative(std::move(out))): the
+        # result is the flagos tensor itself, so it resizes like any other;
+        # add wraps its result (adoptNative(out)), which does not.
+        handed, wrapped = on_flagos[0] * on_flagos[0], on_flagos[0] + on_flagos[0]
+        handed.resize_(64)
+        out["handed over"] = [str(handed.device), list(handed.shape),
+                              torch.equal(bits(handed[:40].cpu()), bits((a * a).reshape(-1)))]
+        try:
+            wrapped.resize_(64)
+            out["wrapped resize"] = "no error"
+        except RuntimeError as e:
+            out["wrapped resize"] = str(e).splitlines()[0]
         errors = []
         for f in (lambda: torch.ones(3, device="flagos") + torch.ones(3),
                   lambda: torch.ones(3, device="flagos:0") * torch.ones(3, device="flagos:1")):
@@ -217,6 +229,8 @@ def test_cpp_provider_serves_what_is_routed_to_it_bitwise_equal_to_cpu():
     for name, result in out["cases"].items():
         assert result == ["flagos:1", True, True, True], name  # device, dtype, shape, bits
     assert out["counts"] == {"add.Tensor example_cpp": 6, "mul.Tensor example_cpp": 4}
+    assert out["handed over"] == ["flagos:1", [64], True]  # resized in place, values kept
+    assert "not resizable" in out["wrapped resize"]
     assert len(out["errors"]) == 2
     assert all("Expected all tensors to be on the same device" in e for e in out["errors"])
     assert "flagos:0 and cpu" in out["errors"][0] and "flagos:0 and flagos:1" in out["errors"][1]

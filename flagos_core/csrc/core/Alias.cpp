@@ -107,6 +107,8 @@ AliasImpl& asAliasImpl(const at::Tensor& alias) {
   return *static_cast<AliasImpl*>(alias.unsafeGetTensorImpl()); // every pooled alias is one
 }
 
+} // namespace
+
 // Alias TensorImpls not in use, per native device, for this thread. Each
 // keeps its own StorageImpl; between calls it still holds the last borrowed
 // pointer, which is never read and whose deleter does nothing.
@@ -168,6 +170,8 @@ class AliasPool {
   c10::SmallVector<std::pair<c10::Device, std::vector<c10::TensorImpl*>>, 2> lists_;
 };
 
+namespace {
+
 // This thread's pool, made on first use. The slot is trivially destructible
 // (one TLS lookup per access); the reaper frees the pool at thread exit, and
 // tensors freed after that find it gone and leave aliases to refcounting.
@@ -185,7 +189,9 @@ struct PoolReaper {
   }
 };
 
-AliasPool* threadPool() {
+} // namespace
+
+AliasPool* threadAliasPool() {
   PoolSlot& slot = t_pool;
   if (C10_LIKELY(slot.pool != nullptr)) {
     return slot.pool;
@@ -199,15 +205,17 @@ AliasPool* threadPool() {
   return slot.pool;
 }
 
-at::Tensor takeAlias(c10::Device native) {
-  if (AliasPool* pool = threadPool()) {
+namespace {
+
+at::Tensor takeAlias(AliasPool* pool, c10::Device native) {
+  if (C10_LIKELY(pool != nullptr)) {
     return pool->take(native);
   }
   return AliasPool::fresh(native);
 }
 
-void giveAlias(c10::intrusive_ptr<c10::TensorImpl> impl, c10::Device native) {
-  if (AliasPool* pool = threadPool()) {
+void giveAlias(AliasPool* pool, c10::intrusive_ptr<c10::TensorImpl> impl, c10::Device native) {
+  if (C10_LIKELY(pool != nullptr)) {
     pool->give(std::move(impl), native);
   }
 }
@@ -288,14 +296,14 @@ at::Tensor flagosTensorOver(c10::Storage storage, const at::Tensor& geometry) {
   return at::Tensor(std::move(impl));
 }
 
-at::Tensor pooledAlias(const at::Tensor& t, c10::Device native, const c10::StorageImpl** made) {
-  at::Tensor alias = takeAlias(native);
+at::Tensor pooledAlias(AliasPool* pool, const at::Tensor& t, c10::Device native, const c10::StorageImpl** made) {
+  at::Tensor alias = takeAlias(pool, native);
   pointAliasAt(asAliasImpl(alias), *t.unsafeGetTensorImpl(), native);
   *made = alias.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
   return alias;
 }
 
-void recycleAlias(at::Tensor&& alias, const c10::StorageImpl* made) {
+void recycleAlias(AliasPool* pool, at::Tensor&& alias, const c10::StorageImpl* made) {
   if (!alias.defined()) {
     return;
   }
@@ -317,7 +325,7 @@ void recycleAlias(at::Tensor&& alias, const c10::StorageImpl* made) {
   }
   // The borrowed pointer stays until the next take() replaces it: its
   // deleter does nothing, and nothing reaches a pooled alias meanwhile.
-  giveAlias(std::move(impl), s->data_ptr().device());
+  giveAlias(pool, std::move(impl), s->data_ptr().device());
 }
 
 bool relabelIfSoleOwner(at::Tensor& t, c10::DeviceIndex index) {

@@ -27,39 +27,21 @@ at::Tensor flagosTensorOver(c10::Storage storage, const at::Tensor& geometry);
 c10::DispatchKeySet keysFor(c10::Device device);
 void copyGeometry(const c10::TensorImpl& from, c10::TensorImpl& to);
 
-// A native alias of flagos tensor `t` for the duration of one call, from this
-// thread's pool. It borrows t's storage (no reference taken): the caller's
-// tensor outlives the call. `made` receives the alias's StorageImpl.
-at::Tensor pooledAlias(const at::Tensor& t, c10::Device native, const c10::StorageImpl** made);
-// Back to the pool once the call is over, if nothing else holds it. One that a
+// This thread's pool of alias TensorImpls; nullptr while the thread exits
+// (aliases are then made afresh and left to refcounting). A thread-local
+// lookup in a shared library is a call into the dynamic linker: a call looks
+// the pool up once, not once per alias and again per recycle.
+class AliasPool;
+AliasPool* threadAliasPool();
+
+// A native alias of flagos tensor `t` for the duration of one call, from
+// `pool` (this thread's). It borrows t's storage (no reference taken): the
+// caller's tensor outlives the call. `made` receives the alias's StorageImpl.
+at::Tensor pooledAlias(AliasPool* pool, const at::Tensor& t, c10::Device native, const c10::StorageImpl** made);
+// Back to `pool` once the call is over, if nothing else holds it. One that a
 // kernel kept takes an owning reference on the flagos storage and is left to
 // refcounting; one whose storage the kernel re-pointed is left as it is.
-void recycleAlias(at::Tensor&& alias, const c10::StorageImpl* made);
-
-// The native alias of a flagos tensor for the scope of a core kernel that
-// changes no metadata (one from the pool, back at scope exit); any other
-// tensor as it is. `t` must outlive the scope.
-class ScopedAlias {
- public:
-  ScopedAlias(const at::Tensor& t, c10::Device native) : original_(t) {
-    if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1) {
-      alias_ = pooledAlias(t, native, &made_);
-    }
-  }
-  ~ScopedAlias() {
-    recycleAlias(std::move(alias_), made_);
-  }
-  ScopedAlias(const ScopedAlias&) = delete;
-  ScopedAlias& operator=(const ScopedAlias&) = delete;
-  const at::Tensor& get() const {
-    return made_ ? alias_ : original_;
-  }
-
- private:
-  const at::Tensor& original_;
-  at::Tensor alias_;
-  const c10::StorageImpl* made_ = nullptr;
-};
+void recycleAlias(AliasPool* pool, at::Tensor&& alias, const c10::StorageImpl* made);
 
 // Turns a tensor a native kernel just made into a flagos one without a new
 // TensorImpl, when this is the only reference to it and to its storage.

@@ -5,10 +5,10 @@
 // Redispatched straight to that kernel, not routed: the native device calls
 // its stub directly, and a routed call per attention would cost far more.
 
+#include <flagos/Relabel.h>
 #include <flagos/Runtime.h>
 
-#include "core/Alias.h"
-#include "core/RelabelCall.h"
+#include "core/CallConstants.h"
 
 #include <ATen/ATen.h>
 #include <ATen/ops/_fused_sdp_choice_ops.h>
@@ -28,21 +28,21 @@ int64_t nativeSdpChoice(
     bool is_causal,
     std::optional<double> scale,
     bool enable_gqa) {
-  DeviceRuntime& rt = activeRuntime();
+  const detail::CallConstants& c = detail::callConstants();
   c10::OptionalDeviceGuard guard;
-  if (rt.getDevice() != query.device()) {
-    guard.reset_device(query.device()); // the choice reads the current device's properties
+  // The choice reads the current device's properties; with one device it is current.
+  if (!c.single_device && c.runtime->getDevice() != query.device()) {
+    guard.reset_device(query.device());
   }
-  const c10::Device native = rt.nativeDevice(query.device().index());
-  const detail::ScopedAlias q(query, native);
-  const detail::ScopedAlias k(key, native);
-  const detail::ScopedAlias v(value, native);
-  const c10::DispatchKeySet keys = detail::nativeKeys();
+  const ScopedNativeAlias q(query);
+  const ScopedNativeAlias k(key);
+  const ScopedNativeAlias v(value);
+  const c10::DispatchKeySet keys = c.native_keys;
   if (!attn_mask.has_value()) {
     return at::_ops::_fused_sdp_choice::redispatch(
         keys, q.get(), k.get(), v.get(), std::nullopt, dropout_p, is_causal, scale, enable_gqa);
   }
-  const detail::ScopedAlias m(*attn_mask, native);
+  const ScopedNativeAlias m(*attn_mask);
   return at::_ops::_fused_sdp_choice::redispatch(
       keys, q.get(), k.get(), v.get(), m.get(), dropout_p, is_causal, scale, enable_gqa);
 }

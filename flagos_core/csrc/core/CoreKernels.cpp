@@ -6,6 +6,7 @@
 #include <flagos/Runtime.h>
 
 #include "core/Alias.h"
+#include "core/CallConstants.h"
 #include "core/RelabelCall.h"
 
 #include <ATen/EmptyTensor.h>
@@ -16,13 +17,20 @@
 namespace flagos {
 namespace {
 
-c10::DeviceIndex targetIndex(std::optional<c10::Device> device) {
-  DeviceRuntime& rt = activeRuntime();
+c10::DeviceIndex targetIndex(const detail::CallConstants& c, std::optional<c10::Device> device) {
   if (device && device->has_index()) {
-    rt.checkIndex(device->index());
+    c.runtime->checkIndex(device->index());
     return device->index();
   }
-  return rt.getDevice().index();
+  // With one device it is the current one: no query (cudaGetDevice on CUDA).
+  return c.single_device ? 0 : c.runtime->getDevice().index();
+}
+
+// Makes `index` current for an allocation, unless it is the only device.
+void guardUnlessSingle(const detail::CallConstants& c, c10::OptionalDeviceGuard& guard, c10::DeviceIndex index) {
+  if (!c.single_device) {
+    guard.reset_device(c10::Device(c10::DeviceType::PrivateUse1, index));
+  }
 }
 
 const c10::DispatchKeySet kFlagosKeys(c10::DispatchKey::PrivateUse1);
@@ -35,10 +43,12 @@ at::Tensor empty(
     std::optional<bool> /*pin_memory*/,
     std::optional<c10::MemoryFormat> memory_format) {
   TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided, "flagos: only strided tensors are supported, got ", *layout);
-  const c10::DeviceIndex index = targetIndex(device);
-  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index));
+  const detail::CallConstants& c = detail::callConstants();
+  const c10::DeviceIndex index = targetIndex(c, device);
+  c10::OptionalDeviceGuard guard;
+  guardUnlessSingle(c, guard, index);
   at::Tensor t = at::detail::empty_generic(
-      size, activeRuntime().allocator(), kFlagosKeys, c10::dtype_or_default(dtype), memory_format);
+      size, c.allocator, kFlagosKeys, c10::dtype_or_default(dtype), memory_format);
   return t;
 }
 
@@ -50,10 +60,12 @@ at::Tensor emptyStrided(
     std::optional<c10::Device> device,
     std::optional<bool> /*pin_memory*/) {
   TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided, "flagos: only strided tensors are supported, got ", *layout);
-  const c10::DeviceIndex index = targetIndex(device);
-  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index));
+  const detail::CallConstants& c = detail::callConstants();
+  const c10::DeviceIndex index = targetIndex(c, device);
+  c10::OptionalDeviceGuard guard;
+  guardUnlessSingle(c, guard, index);
   at::Tensor t = at::detail::empty_strided_generic(
-      size, stride, activeRuntime().allocator(), kFlagosKeys, c10::dtype_or_default(dtype));
+      size, stride, c.allocator, kFlagosKeys, c10::dtype_or_default(dtype));
   return t;
 }
 
@@ -72,16 +84,15 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool non_bloc
 // copy_ on pooled aliases handles every pairing (flagos with flagos, the
 // native device, or CPU) and dtype conversion.
 at::Tensor& copyInPlace(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
-  DeviceRuntime& rt = activeRuntime();
+  const detail::CallConstants& c = detail::callConstants();
   const c10::Device device = self.device().type() == c10::DeviceType::PrivateUse1 ? self.device() : src.device();
   c10::OptionalDeviceGuard guard;
-  if (rt.getDevice() != device) {
+  if (!c.single_device && c.runtime->getDevice() != device) {
     guard.reset_device(device);
   }
-  const detail::ScopedAlias dst(self, rt.nativeDevice(self.device().index()));
-  const detail::ScopedAlias from(src, rt.nativeDevice(src.device().index()));
-  at::_ops::copy_::redispatch(
-      detail::nativeKeys(), const_cast<at::Tensor&>(dst.get()), from.get(), non_blocking);
+  const ScopedNativeAlias dst(self);
+  const ScopedNativeAlias from(src);
+  at::_ops::copy_::redispatch(c.native_keys, const_cast<at::Tensor&>(dst.get()), from.get(), non_blocking);
   return self;
 }
 

@@ -1,6 +1,7 @@
 #include <flagos/Relabel.h>
 
 #include "core/Alias.h"
+#include "core/CallConstants.h"
 #include "core/RelabelCall.h"
 
 #include <c10/core/DeviceGuard.h>
@@ -45,6 +46,25 @@ at::Tensor nativeAliasOf(const at::Tensor& t) {
 
 at::Tensor adoptNative(const at::Tensor& native, c10::DeviceIndex index) {
   return detail::flagosTensorOver(detail::flagosStorageFor(native.storage(), index, false), native);
+}
+
+at::Tensor adoptNative(at::Tensor&& native, c10::DeviceIndex index) {
+  if (native.defined() && native.device().type() != c10::DeviceType::PrivateUse1 &&
+      detail::relabelIfSoleOwner(native, index)) {
+    return std::move(native);
+  }
+  return adoptNative(static_cast<const at::Tensor&>(native), index);
+}
+
+ScopedNativeAlias::ScopedNativeAlias(const at::Tensor& t) : original_(t) {
+  if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1) {
+    pool_ = detail::threadAliasPool();
+    alias_ = detail::pooledAlias(pool_, t, detail::callConstants().nativeDevice(t.device().index()), &made_);
+  }
+}
+
+ScopedNativeAlias::~ScopedNativeAlias() {
+  detail::recycleAlias(pool_, std::move(alias_), made_);
 }
 
 bool RelabelProvider::canServe(const c10::OperatorHandle& op) const {

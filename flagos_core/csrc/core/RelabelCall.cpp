@@ -27,7 +27,7 @@ c10::DeviceIndex CallState::settleDeviceSlowly(c10::OptionalDeviceGuard& guard) 
 
 CallState::~CallState() {
   for (Alias& a : aliases) {
-    recycleAlias(std::move(a.pooled), a.native_storage);
+    recycleAlias(pool, std::move(a.pooled), a.native_storage);
   }
 }
 
@@ -45,8 +45,11 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, size_t arg, 
     return c10::MaybeOwned<at::Tensor>::borrowed(t);
   }
   noteDevice(d, arg);
+  if (aliases.empty()) {
+    pool = threadAliasPool(); // once per call: the first alias's lookup serves the rest
+  }
   const c10::StorageImpl* made = nullptr;
-  at::Tensor alias = pooledAlias(t, consts.nativeDevice(d.index()), &made);
+  at::Tensor alias = pooledAlias(pool, t, consts.nativeDevice(d.index()), &made);
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
   aliases.push_back(Alias{std::move(alias), impl, t.unsafeGetTensorImpl(), made});
   // A borrow copies the TensorImpl pointer, not a reference to the vector's

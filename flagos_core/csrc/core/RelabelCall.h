@@ -21,6 +21,8 @@ namespace flagos {
 
 namespace detail {
 
+class AliasPool;
+
 struct Alias {
   // This call's own alias, from the pool and back to it after the call.
   at::Tensor pooled;
@@ -47,6 +49,7 @@ struct CallState {
   std::optional<c10::Device> device; // the flagos device of the call
   std::optional<std::pair<c10::Device, size_t>> foreign; // first non-flagos tensor, and its argument
   c10::SmallVector<Alias, 4> aliases;
+  AliasPool* pool = nullptr; // this thread's, looked up with the first alias
   c10::SmallVector<const c10::StorageImpl*, 4> foreign_storages;
   c10::SmallVector<at::Tensor, 2> kept; // originals nobody else holds for the call
 

@@ -7,8 +7,12 @@
 // runtime's native ATen kernels (CPU on the host runtime, CUDA on
 // flagos-cuda) on aliases of the flagos tensors, without copying data:
 //
-//   toNative(t, device)    a native-device tensor over a flagos tensor's memory
-//   adoptNative(t, index)  a flagos tensor over a native tensor's memory
+//   toNative(t, device)       a native-device tensor over a flagos tensor's memory
+//   ScopedNativeAlias a(t)    the same for one scope, from a per-thread pool
+//   adoptNative(t, index)     a flagos tensor over a native tensor's memory
+//   adoptNative(std::move(t), index)  the same, taking over a fresh result
+//
+// add.Tensor uses the first and third, mul.Tensor the allocation-free pair.
 //
 // A real plugin would call its own library here instead of at::add.
 
@@ -94,8 +98,9 @@ class ExampleProvider final : public KernelProvider {
         const at::Tensor other = args[1].toTensor();
         const c10::Device device = deviceOf(self, other, op);
         c10::DeviceGuard guard(device);
-        const at::Tensor out = at::mul(native(self), native(other));
-        torch::jit::push(*stack, adoptNative(out, device.index()));
+        const ScopedNativeAlias a(self), b(other); // self and other outlive them
+        at::Tensor out = at::mul(a.get(), b.get());
+        torch::jit::push(*stack, adoptNative(std::move(out), device.index()));
         return;
       }
       case Op::kNone:

@@ -6,4 +6,4 @@ It contributes two kernel providers, `example_cpp` (C++: add.Tensor,
 mul.Tensor) and `example_py` (Python: neg, relu), and a routing conf.
 """
 
-__version__ = "0.3.0"
+__version__ = "0.3.1"

@@ -17,6 +17,36 @@ FLAGOS_API at::Tensor toNative(const at::Tensor& flagos_tensor, c10::Device nati
 FLAGOS_API at::Tensor nativeAliasOf(const at::Tensor& t);
 // A flagos tensor over `native`'s memory on flagos:<index>, without copying.
 FLAGOS_API at::Tensor adoptNative(const at::Tensor& native, c10::DeviceIndex index);
+// adoptNative taking the tensor over: one that nothing else holds (a native
+// kernel's fresh result, moved in) becomes the flagos tensor itself, as the
+// core's own relabelled calls return theirs: no allocation, and resizable.
+// Anything else is wrapped as by the overload above.
+FLAGOS_API at::Tensor adoptNative(at::Tensor&& native, c10::DeviceIndex index);
+
+namespace detail {
+class AliasPool;
+}
+
+// The native alias of a flagos tensor for one scope, from the calling
+// thread's pool (no allocation, unlike toNative); any other tensor (CPU,
+// undefined) as it is. For a provider's call: `t` must outlive the scope. A
+// kernel may keep the alias; it then holds the memory, as toNative's would.
+class FLAGOS_API ScopedNativeAlias {
+ public:
+  explicit ScopedNativeAlias(const at::Tensor& t);
+  ~ScopedNativeAlias();
+  ScopedNativeAlias(const ScopedNativeAlias&) = delete;
+  ScopedNativeAlias& operator=(const ScopedNativeAlias&) = delete;
+  const at::Tensor& get() const {
+    return made_ != nullptr ? alias_ : original_;
+  }
+
+ private:
+  const at::Tensor& original_;
+  detail::AliasPool* pool_ = nullptr;
+  at::Tensor alias_;
+  const c10::StorageImpl* made_ = nullptr;
+};
 
 // Serves every overload that has a kernel for the active runtime's native
 // dispatch key: arguments as native aliases, the native kernel, results back
