@@ -15,14 +15,6 @@
 namespace flagos::cuda {
 namespace {
 
-at::Tensor native(const at::Tensor& t) {
-  return toNative(t, c10::Device(c10::DeviceType::CUDA, t.device().index()));
-}
-
-at::Tensor flagos(const at::Tensor& t, c10::DeviceIndex index) {
-  return adoptNative(t, index);
-}
-
 void checkSupported(double dropout_p, const c10::IValue& attn_mask) {
   // The CPU-named overloads carry no RNG state from forward to backward, and
   // CUDA's flash kernels take no mask. Autograd hands backward a mask that
@@ -46,58 +38,74 @@ class FlashAttentionProvider final : public KernelProvider {
   }
 
   void call(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack, const OpSlotInfo&) override {
-    // Arguments by name: the overloads' schemas differ between torch releases.
     const auto& schema = op.schema();
     auto values = torch::jit::pop(*stack, schema.arguments().size());
-    Args args{schema, values};
     if (op.operator_name().name == "aten::_scaled_dot_product_flash_attention_for_cpu") {
-      forward(args, stack);
+      static const ForwardArgs arg(schema); // a schema does not change within a process
+      forward(arg, values, stack);
     } else {
-      backward(args, stack);
+      static const BackwardArgs arg(schema);
+      backward(arg, values, stack);
     }
   }
 
  private:
-  struct Args {
-    const c10::FunctionSchema& schema;
-    std::vector<c10::IValue>& values;
-    const c10::IValue& operator[](const char* name) const {
-      auto index = schema.argumentIndexWithName(name);
-      TORCH_CHECK(index.has_value(), "flagos-cuda: ", schema.name(), " has no argument '", name, "' in this torch");
-      return values[*index];
-    }
-    std::optional<double> scale() const {
-      return (*this)["scale"].toOptional<double>();
-    }
-  };
-
-  static void forward(const Args& args, Stack* stack) {
-    const at::Tensor q = args["query"].toTensor();
-    const double dropout_p = args["dropout_p"].toDouble();
-    checkSupported(dropout_p, args["attn_mask"]);
-    c10::DeviceGuard guard(q.device());
-    auto out = at::_scaled_dot_product_flash_attention(
-        native(q), native(args["key"].toTensor()), native(args["value"].toTensor()), dropout_p,
-        args["is_causal"].toBool(), false, args.scale());
-    const auto index = q.device().index();
-    torch::jit::push(*stack, flagos(std::get<0>(out), index), flagos(std::get<1>(out), index));
+  // Arguments by name, looked up once: the overloads' schemas differ between
+  // torch releases.
+  static size_t indexOf(const c10::FunctionSchema& schema, const char* name) {
+    auto index = schema.argumentIndexWithName(name);
+    TORCH_CHECK(index.has_value(), "flagos-cuda: ", schema.name(), " has no argument '", name, "' in this torch");
+    return *index;
   }
 
-  static void backward(const Args& args, Stack* stack) {
-    const at::Tensor q = args["query"].toTensor();
-    const at::Tensor k = args["key"].toTensor();
-    const double dropout_p = args["dropout_p"].toDouble();
-    checkSupported(dropout_p, args["attn_mask"]);
+  struct ForwardArgs {
+    explicit ForwardArgs(const c10::FunctionSchema& s)
+        : query(indexOf(s, "query")), key(indexOf(s, "key")), value(indexOf(s, "value")),
+          dropout_p(indexOf(s, "dropout_p")), is_causal(indexOf(s, "is_causal")),
+          attn_mask(indexOf(s, "attn_mask")), scale(indexOf(s, "scale")) {}
+    size_t query, key, value, dropout_p, is_causal, attn_mask, scale;
+  };
+
+  struct BackwardArgs : ForwardArgs {
+    explicit BackwardArgs(const c10::FunctionSchema& s)
+        : ForwardArgs(s), grad_out(indexOf(s, "grad_out")), out(indexOf(s, "out")),
+          logsumexp(indexOf(s, "logsumexp")) {}
+    size_t grad_out, out, logsumexp;
+  };
+
+  // Arguments as pooled native aliases (no allocation; `values` holds the
+  // flagos tensors meanwhile), fresh results taken over as flagos tensors.
+  static void forward(const ForwardArgs& arg, const std::vector<c10::IValue>& values, Stack* stack) {
+    const at::Tensor& q = values[arg.query].toTensor();
+    const double dropout_p = values[arg.dropout_p].toDouble();
+    checkSupported(dropout_p, values[arg.attn_mask]);
+    c10::DeviceGuard guard(q.device());
+    const ScopedNativeAlias nq(q), nk(values[arg.key].toTensor()), nv(values[arg.value].toTensor());
+    auto out = at::_scaled_dot_product_flash_attention(
+        nq.get(), nk.get(), nv.get(), dropout_p, values[arg.is_causal].toBool(), false,
+        values[arg.scale].toOptional<double>());
+    const auto index = q.device().index();
+    torch::jit::push(
+        *stack, adoptNative(std::move(std::get<0>(out)), index), adoptNative(std::move(std::get<1>(out)), index));
+  }
+
+  static void backward(const BackwardArgs& arg, const std::vector<c10::IValue>& values, Stack* stack) {
+    const at::Tensor& q = values[arg.query].toTensor();
+    const at::Tensor& k = values[arg.key].toTensor();
+    const double dropout_p = values[arg.dropout_p].toDouble();
+    checkSupported(dropout_p, values[arg.attn_mask]);
     c10::DeviceGuard guard(q.device());
     const at::Tensor none;
     const auto empty = at::empty({0}, q.options().device(c10::Device(c10::DeviceType::CUDA, q.device().index())).dtype(at::kLong));
+    const ScopedNativeAlias ng(values[arg.grad_out].toTensor()), nq(q), nk(k), nv(values[arg.value].toTensor()),
+        no(values[arg.out].toTensor()), nl(values[arg.logsumexp].toTensor());
     auto grads = at::_scaled_dot_product_flash_attention_backward(
-        native(args["grad_out"].toTensor()), native(q), native(k), native(args["value"].toTensor()),
-        native(args["out"].toTensor()), native(args["logsumexp"].toTensor()), none, none, q.size(-2), k.size(-2),
-        dropout_p, args["is_causal"].toBool(), empty, empty, args.scale());
+        ng.get(), nq.get(), nk.get(), nv.get(), no.get(), nl.get(), none, none, q.size(-2), k.size(-2), dropout_p,
+        values[arg.is_causal].toBool(), empty, empty, values[arg.scale].toOptional<double>());
     const auto index = q.device().index();
     torch::jit::push(
-        *stack, flagos(std::get<0>(grads), index), flagos(std::get<1>(grads), index), flagos(std::get<2>(grads), index));
+        *stack, adoptNative(std::move(std::get<0>(grads)), index), adoptNative(std::move(std::get<1>(grads)), index),
+        adoptNative(std::move(std::get<2>(grads)), index));
   }
 };
 
