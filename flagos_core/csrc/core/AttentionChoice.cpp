@@ -30,10 +30,7 @@ int64_t nativeSdpChoice(
     bool enable_gqa) {
   const detail::CallConstants& c = detail::callConstants();
   c10::OptionalDeviceGuard guard;
-  // The choice reads the current device's properties; with one device it is current.
-  if (!c.single_device && c.runtime->getDevice() != query.device()) {
-    guard.reset_device(query.device());
-  }
+  detail::makeCurrent(c, guard, query.device()); // the choice reads the current device's properties
   const ScopedNativeAlias q(query);
   const ScopedNativeAlias k(key);
   const ScopedNativeAlias v(value);

@@ -7,6 +7,7 @@
 
 #include <flagos/Runtime.h>
 
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/macros/Macros.h>
 
@@ -39,6 +40,15 @@ struct alignas(64) CallConstants {
 };
 
 extern CallConstants g_call_constants;
+// Makes flagos device `d` current through `guard` for a core kernel, unless
+// it already is; with one device it always is, so nothing is queried
+// (cudaGetDevice on CUDA).
+inline void makeCurrent(const CallConstants& c, c10::OptionalDeviceGuard& guard, c10::Device d) {
+  if (!c.single_device && c.runtime->getDevice() != d) {
+    guard.reset_device(d);
+  }
+}
+
 // Fills g_call_constants from the active runtime (raises if there is none).
 const CallConstants& initCallConstants();
 

@@ -5,9 +5,7 @@
 #include <flagos/Relabel.h>
 #include <flagos/Runtime.h>
 
-#include "core/Alias.h"
 #include "core/CallConstants.h"
-#include "core/RelabelCall.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/ATen.h>
@@ -26,13 +24,6 @@ c10::DeviceIndex targetIndex(const detail::CallConstants& c, std::optional<c10::
   return c.single_device ? 0 : c.runtime->getDevice().index();
 }
 
-// Makes `index` current for an allocation, unless it is the only device.
-void guardUnlessSingle(const detail::CallConstants& c, c10::OptionalDeviceGuard& guard, c10::DeviceIndex index) {
-  if (!c.single_device) {
-    guard.reset_device(c10::Device(c10::DeviceType::PrivateUse1, index));
-  }
-}
-
 const c10::DispatchKeySet kFlagosKeys(c10::DispatchKey::PrivateUse1);
 
 at::Tensor empty(
@@ -46,7 +37,7 @@ at::Tensor empty(
   const detail::CallConstants& c = detail::callConstants();
   const c10::DeviceIndex index = targetIndex(c, device);
   c10::OptionalDeviceGuard guard;
-  guardUnlessSingle(c, guard, index);
+  detail::makeCurrent(c, guard, c10::Device(c10::DeviceType::PrivateUse1, index));
   at::Tensor t = at::detail::empty_generic(
       size, c.allocator, kFlagosKeys, c10::dtype_or_default(dtype), memory_format);
   return t;
@@ -63,7 +54,7 @@ at::Tensor emptyStrided(
   const detail::CallConstants& c = detail::callConstants();
   const c10::DeviceIndex index = targetIndex(c, device);
   c10::OptionalDeviceGuard guard;
-  guardUnlessSingle(c, guard, index);
+  detail::makeCurrent(c, guard, c10::Device(c10::DeviceType::PrivateUse1, index));
   at::Tensor t = at::detail::empty_strided_generic(
       size, stride, c.allocator, kFlagosKeys, c10::dtype_or_default(dtype));
   return t;
@@ -87,9 +78,7 @@ at::Tensor& copyInPlace(at::Tensor& self, const at::Tensor& src, bool non_blocki
   const detail::CallConstants& c = detail::callConstants();
   const c10::Device device = self.device().type() == c10::DeviceType::PrivateUse1 ? self.device() : src.device();
   c10::OptionalDeviceGuard guard;
-  if (!c.single_device && c.runtime->getDevice() != device) {
-    guard.reset_device(device);
-  }
+  detail::makeCurrent(c, guard, device);
   const ScopedNativeAlias dst(self);
   const ScopedNativeAlias from(src);
   at::_ops::copy_::redispatch(c.native_keys, const_cast<at::Tensor&>(dst.get()), from.get(), non_blocking);

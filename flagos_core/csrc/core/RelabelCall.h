@@ -36,11 +36,6 @@ struct Alias {
 // `arg`: the argument's index in op's schema (read only to name it here).
 [[noreturn]] void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg);
 
-// The dispatch key set of the active runtime's native kernels.
-inline c10::DispatchKeySet nativeKeys() {
-  return callConstants().native_keys;
-}
-
 struct CallState {
   const c10::OperatorHandle& op;
   const OpSlotInfo& info;
