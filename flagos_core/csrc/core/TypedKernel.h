@@ -19,6 +19,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <new>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -193,50 +194,60 @@ struct DirectView<at::_ops::as_strided> {
   }
 };
 
-// `Slot`: the overload's routing slot, a constant of the generated code, so
-// a call reads no per-op variable to find it.
-template <class Op, size_t Slot, class Sig = typename Op::schema>
-struct Kernel;
+// The body of a typed kernel, one per C++ signature, not per overload: mul
+// and mm, or rsqrt, neg and silu, run the same code. In a model dozens of
+// other ops run between two calls of one overload, so code of its own would
+// be fetched anew on every call; code shared by many overloads stays near.
+// The overload comes in as its routing slot and its native handle.
+template <class Sig>
+struct SharedKernel;
 
-template <class Op, size_t Slot, class R, class... A>
-struct Kernel<Op, Slot, R(A...)> {
-  // Constant-initialised, so set before registration reads it whatever the
-  // order of static initialisation. Read only where a conf routed the
-  // overload to a provider that is not a relabel provider.
-  static inline const c10::BoxedKernel* boxed = nullptr;
+template <class R, class... A>
+struct SharedKernel<R(A...)> {
+  using Handle = c10::TypedOperatorHandle<R(A...)>;
 
-  static R call(c10::DispatchKeySet keys, A... args) {
-    const detail::SlotCall sc = detail::enterSlot(Slot);
+  // What a call needs of its overload, set once at registration, together
+  // in one place.
+  struct Overload {
+    Handle native; // redispatched with the native keys
+    c10::BoxedKernel boxed; // for a provider that is not a relabel provider
+  };
+
+  C10_NOINLINE static R call(size_t slot, const Overload& overload, c10::DispatchKeySet keys, A... args) {
+    return entered(detail::enterSlot(slot), overload, keys, std::forward<A>(args)...);
+  }
+
+  // The same, for a slot its caller has entered.
+  C10_ALWAYS_INLINE static R entered(
+      const detail::SlotCall& sc,
+      const Overload& overload,
+      c10::DispatchKeySet keys,
+      A... args) {
     RelabelProvider* provider = sc.provider->relabel();
     if (C10_UNLIKELY(provider == nullptr)) { // a conf routed it elsewhere
-      return c10::impl::BoxedKernelWrapper<R(A...)>::call(*boxed, *sc.op, keys, std::forward<A>(args)...);
+      return c10::impl::BoxedKernelWrapper<R(A...)>::call(overload.boxed, *sc.op, keys, std::forward<A>(args)...);
     }
     const detail::CallConstants& c = detail::callConstants();
     if (sc.info.metadata_only) {
-      if constexpr (DirectView<Op>::kAvailable) {
-        if (c.direct_views) {
-          return DirectView<Op>::call(std::forward<A>(args)...);
-        }
-      }
-      return Op::redispatch(c.native_keys, std::forward<A>(args)...);
+      return overload.native.redispatch(c.native_keys, std::forward<A>(args)...);
     }
     CallState state(*sc.op, sc.info, c);
-    return run(state, *provider, std::index_sequence_for<A...>{}, std::forward<A>(args)...);
+    return run(state, *provider, overload.native, std::index_sequence_for<A...>{}, std::forward<A>(args)...);
   }
 
  private:
   template <size_t... I>
-  static R run(CallState& state, RelabelProvider& provider, std::index_sequence<I...>, A... args) {
+  static R run(CallState& state, RelabelProvider& provider, const Handle& native, std::index_sequence<I...>, A... args) {
     // Braced initialisation: arguments convert left to right, as in the schema.
     std::tuple<typename Arg<A>::Held...> held{Arg<A>::convert(state, args, I)...};
     c10::OptionalDeviceGuard guard;
     const c10::DeviceIndex index = state.settleDevice(guard);
-    auto native = [&]() -> decltype(auto) {
+    auto call_native = [&]() -> decltype(auto) {
       NativeScope scope(provider, index);
-      return Op::redispatch(state.consts.native_keys, Arg<A>::pass(std::get<I>(held))...);
+      return native.redispatch(state.consts.native_keys, Arg<A>::pass(std::get<I>(held))...);
     };
     if constexpr (std::is_void_v<R> || std::is_same_v<R, at::Tensor&>) {
-      native();
+      call_native();
       if (state.info.writes) { // always, for in-place and out= overloads
         state.writeBackAll(index);
       }
@@ -251,7 +262,7 @@ struct Kernel<Op, Slot, R(A...)> {
         }
       }
     } else {
-      R out = native();
+      R out = call_native();
       if (state.info.writes) {
         state.writeBackAll(index);
       }
@@ -260,10 +271,44 @@ struct Kernel<Op, Slot, R(A...)> {
   }
 };
 
+// The kernel registered for one overload: hands its slot and handle to the
+// shared body. `Slot`: the overload's routing slot, a constant of the
+// generated code, so a call reads no per-op variable to find it.
+template <class Op, size_t Slot, class Sig = typename Op::schema>
+struct Kernel;
+
+template <class Op, size_t Slot, class R, class... A>
+struct Kernel<Op, Slot, R(A...)> {
+  using Shared = SharedKernel<R(A...)>;
+  using Overload = typename Shared::Overload;
+  // Made in place at registration, before any call can reach this kernel: a
+  // static, not a heap object, so a call finds it at a fixed address.
+  alignas(Overload) static inline unsigned char storage[sizeof(Overload)];
+  static const Overload& overload() {
+    return *std::launder(reinterpret_cast<const Overload*>(storage));
+  }
+
+  static R call(c10::DispatchKeySet keys, A... args) {
+    if constexpr (DirectView<Op>::kAvailable) {
+      // The view's own function, not a redispatch, where the slot is served
+      // by a relabel provider (unless a conf routed it elsewhere, it is).
+      const detail::SlotCall sc = detail::enterSlot(Slot);
+      if (sc.info.metadata_only && detail::callConstants().direct_views && sc.provider->relabel() != nullptr) {
+        return DirectView<Op>::call(std::forward<A>(args)...);
+      }
+      return Shared::entered(sc, overload(), keys, std::forward<A>(args)...);
+    } else {
+      return Shared::call(Slot, overload(), keys, std::forward<A>(args)...);
+    }
+  }
+};
+
 // Registers the typed kernel of `Op` for routing slot `Slot`.
 template <class Op, size_t Slot>
 void registerTyped(torch::Library& m, const char* overload) {
-  Kernel<Op, Slot>::boxed = new c10::BoxedKernel(detail::providerBoxedKernel(Slot)); // lives as long as the registration
+  using K = Kernel<Op, Slot>;
+  auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name).template typed<typename Op::schema>();
+  new (K::storage) typename K::Overload{std::move(handle), detail::providerBoxedKernel(Slot)}; // never destroyed: kernels may run at exit
   m.impl(overload, torch::CppFunction::makeFromUnboxedFunction(TORCH_FN((Kernel<Op, Slot>::call))));
 }
 
