@@ -214,10 +214,12 @@ struct SharedKernel<R(A...)> {
   };
 
   C10_NOINLINE static R call(size_t slot, const Overload& overload, c10::DispatchKeySet keys, A... args) {
-    return entered(detail::enterSlot(slot), overload, keys, std::forward<A>(args)...);
+    return entered<DirectView<void>>(detail::enterSlot(slot), overload, keys, std::forward<A>(args)...);
   }
 
-  // The same, for a slot its caller has entered.
+  // The same, for a slot its caller has entered; `View`: the overload's
+  // DirectView, for the few views that have their own kernel.
+  template <class View>
   C10_ALWAYS_INLINE static R entered(
       const detail::SlotCall& sc,
       const Overload& overload,
@@ -229,6 +231,11 @@ struct SharedKernel<R(A...)> {
     }
     const detail::CallConstants& c = detail::callConstants();
     if (sc.info.metadata_only) {
+      if constexpr (View::kAvailable) {
+        if (c.direct_views) {
+          return View::call(std::forward<A>(args)...);
+        }
+      }
       return overload.native.redispatch(c.native_keys, std::forward<A>(args)...);
     }
     CallState state(*sc.op, sc.info, c);
@@ -290,13 +297,8 @@ struct Kernel<Op, Slot, R(A...)> {
 
   static R call(c10::DispatchKeySet keys, A... args) {
     if constexpr (DirectView<Op>::kAvailable) {
-      // The view's own function, not a redispatch, where the slot is served
-      // by a relabel provider (unless a conf routed it elsewhere, it is).
-      const detail::SlotCall sc = detail::enterSlot(Slot);
-      if (sc.info.metadata_only && detail::callConstants().direct_views && sc.provider->relabel() != nullptr) {
-        return DirectView<Op>::call(std::forward<A>(args)...);
-      }
-      return Shared::entered(sc, overload(), keys, std::forward<A>(args)...);
+      // A view calls its own function: the shared body inlined with it here.
+      return Shared::template entered<DirectView<Op>>(detail::enterSlot(Slot), overload(), keys, std::forward<A>(args)...);
     } else {
       return Shared::call(Slot, overload(), keys, std::forward<A>(args)...);
     }
