@@ -2,6 +2,7 @@
 token by token, in one process.
 
     python benchmarks/bench_decode_steps.py [--model tiny|0.6b] [--rounds N] [--tokens N] [--counters]
+                                            [--build-first native|flagos] [--processes N]
 
 Each round prefills both sides (untimed) and then decodes `tokens` tokens,
 one forward with the KV cache per token (qwen3_06b.GreedySteps), native and
@@ -14,11 +15,21 @@ CPU, as bench_host_overhead.py does; on a GPU, wall time around
 synchronised steps. --counters adds the CPU's event counts per token on
 each side (hw_counters.py: instructions, instruction-cache and TLB misses),
 over the timed rounds, on the calling thread and outside the synchronising.
+
+--build-first says which side's model is made first (default native).
+--processes N runs N fresh processes of this script one after another, the
+side built first alternating, and combines their medians: one process's
+ratio moves by about a percent from process to process on the lent GPU
+machine (0.960 to 0.984 on one tree), more than within it, so a figure to
+trust takes several. The combined ratio is order_balanced()'s
+(order_balance.py): the geometric mean of the two build orders' medians.
 """
 
 import argparse
 import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 
@@ -28,6 +39,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qwen3_06b  # noqa: E402
 from bench_host_overhead import load_demo  # noqa: E402
 from hw_counters import HardwareCounters  # noqa: E402
+from order_balance import order_balanced  # noqa: E402
+
+RESULT = re.compile(r"^median ratio \(flagos speed / native\): ([0-9.]+) over")
 
 
 def decode_round(models, prompt, tokens, time_step):
@@ -52,7 +66,13 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--counters", action="store_true", help="also count CPU events per token (perf_event_open)")
+    parser.add_argument("--build-first", choices=("native", "flagos"), default="native",
+                        help="which side's model is made first")
+    parser.add_argument("--processes", type=int, default=0,
+                        help="run N fresh processes, the side built first alternating, and combine them")
     args = parser.parse_args(argv)
+    if args.processes:
+        return run_processes(args)
     demo = load_demo()
     native = demo.native_device_for(demo.flagos_runtime_name())
     sides = (native, torch.device("flagos"))
@@ -66,7 +86,9 @@ def main(argv=None):
     positions = sizes.get("max_position_embeddings", 4096)
     if 8 + args.tokens > positions:
         parser.error(f"--tokens: at most {positions - 8} for this model (8 prompt tokens)")
-    models = {d: qwen3_06b.build(d, dtype, **sizes).eval() for d in sides}
+    order = sides if args.build_first == "native" else sides[::-1]
+    models = {d: qwen3_06b.build(d, dtype, **sizes).eval() for d in order}
+    models = {d: models[d] for d in sides}
     prompt = qwen3_06b.batches(1, 1, 8, vocab=sizes.get("vocab_size", 151936))[0]
 
     counters = HardwareCounters() if args.counters else None
@@ -101,6 +123,32 @@ def main(argv=None):
           f"tokens {'equal' if same else 'NOT equal'}")
     if counters is not None:
         print_counters(counters, counted, sides, args.tokens * (args.rounds - 1))
+    return 0
+
+
+def run_processes(args):
+    """args.processes runs of this script, each in a fresh process, native
+    built first in the even ones; prints each one's result as it ends (a run
+    cut short still shows those done) and the combined ratio."""
+    ratios, flagos_first, same = [], [], True
+    for i in range(args.processes):
+        first = "native" if i % 2 == 0 else "flagos"
+        command = [sys.executable, os.path.abspath(__file__), "--model", args.model, "--rounds", str(args.rounds),
+                   "--tokens", str(args.tokens), "--build-first", first]
+        out = subprocess.run(command, capture_output=True, text=True)
+        found = [RESULT.match(line) for line in out.stdout.splitlines()]
+        found = [m for m in found if m]
+        if out.returncode != 0 or not found:
+            print(out.stdout + out.stderr)
+            print(f"process {i + 1}: failed (exit status {out.returncode})")
+            return 1
+        ratios.append(float(found[-1].group(1)))
+        flagos_first.append(first == "flagos")
+        same = same and "tokens equal" in out.stdout
+        print(f"process {i + 1}/{args.processes}, {first} built first: median ratio {ratios[-1]:.3f}", flush=True)
+    print(f"over {len(ratios)} processes: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-"
+          f"{max(ratios):.3f}, order-balanced {order_balanced(ratios, flagos_first):.3f}; "
+          f"tokens {'equal' if same else 'NOT equal'} in every process")
     return 0
 
 

@@ -37,7 +37,6 @@ is nothing to find.
 
 import argparse
 import json
-import math
 import os
 import statistics
 import tempfile
@@ -52,6 +51,7 @@ import torch  # noqa: E402
 import flagos_core  # noqa: E402
 import qwen3_06b  # noqa: E402
 from bench_decode_steps import decode_round  # noqa: E402
+from order_balance import order_balanced  # noqa: E402
 from side_process import SideProcess  # noqa: E402
 
 SIDES = ("cuda", "flagos")
@@ -65,20 +65,6 @@ def alternating(rounds, first=SIDES):
     first[0]."""
     for r in range(rounds + 1):
         yield r, (first if r % 2 == 0 else first[::-1])
-
-
-def order_balanced(ratios, flagos_first):
-    """A training row's ratio from its pairs' ratios. On the lent machine the
-    side whose process starts, and trains, first runs up to about 10% faster
-    (2026-12-04, twelfth session: 1 x 128 pairs read 0.87 to 0.94 with
-    native first and 1.11 to 1.13 with flagos first). A plain median then
-    leans to whichever order has more pairs. The geometric mean of the two
-    orders' medians cancels a skew that scales the ratio by a constant
-    factor; with pairs of one order only it is their median."""
-    by_order = {first: [r for r, f in zip(ratios, flagos_first) if f == first] for first in (False, True)}
-    if not by_order[False] or not by_order[True]:
-        return statistics.median(ratios)
-    return math.sqrt(statistics.median(by_order[False]) * statistics.median(by_order[True]))
 
 
 def quartiles(values):

@@ -1,4 +1,4 @@
-"""The training rows' ratio (benchmarks/bench_qwen3_cuda.py, order_balanced):
+"""The training rows' ratio (benchmarks/order_balance.py, order_balanced):
 an order effect that scales each pair's ratio cancels out, whichever order
 has more pairs."""
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from bench_qwen3_cuda import order_balanced  # noqa: E402
+from order_balance import order_balanced  # noqa: E402
 
 
 def test_an_order_skew_cancels():
