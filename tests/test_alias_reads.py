@@ -80,6 +80,21 @@ def test_in_place_writes_reach_later_reads():
     _check(dev + 0, cpu + 0)
 
 
+def test_a_result_over_an_arguments_memory_views_the_argument():
+    # _unsafe_view's kernel makes a tensor over its argument's storage (not a
+    # fresh one): the flagos result must be a view of the argument's flagos
+    # memory, as CPU's result is of the CPU argument's.
+    cpu, dev = _pair(2, 6)
+    _check(dev + 1, cpu + 1)
+    cpu_view = torch.ops.aten._unsafe_view(cpu, [3, 4])
+    dev_view = torch.ops.aten._unsafe_view(dev, [3, 4])
+    assert dev_view.shape == cpu_view.shape and dev_view.stride() == cpu_view.stride()
+    assert dev_view.untyped_storage().data_ptr() == dev.untyped_storage().data_ptr()
+    cpu_view.mul_(3)
+    dev_view.mul_(3)
+    _check(dev, cpu)  # the write through the view reached the argument
+
+
 def test_a_tensor_that_was_read_frees_its_memory():
     torch.flagos.empty_cache()
     before = torch.flagos.memory_allocated()

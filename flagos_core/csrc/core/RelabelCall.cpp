@@ -4,6 +4,20 @@
 
 namespace flagos::detail {
 
+namespace {
+
+// Whether `storage` is a non-flagos argument's (so not the kernel's own).
+bool isForeign(const c10::StorageImpl* storage, c10::ArrayRef<const c10::StorageImpl*> foreign) {
+  for (const auto* s : foreign) {
+    if (s == storage) {
+      return true;
+    }
+  }
+  return false;
+}
+
+} // namespace
+
 void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg) {
   TORCH_CHECK(
       false, "Expected all tensors to be on the same device, but found at least two devices, ", a, " and ", b,
@@ -76,7 +90,7 @@ void CallState::writeBack(const Alias& a, c10::DeviceIndex index) {
     orig_storage->set_nbytes(impl->nbytes());
   } else {
     orig->set_storage_keep_dtype(
-        flagosStorageFor(native_storage, index, isFresh(native_storage.unsafeGetStorageImpl())));
+        flagosStorageFor(native_storage, index, !isForeign(native_storage.unsafeGetStorageImpl(), foreign_storages)));
   }
   if (native->sizes() != orig->sizes() || native->strides() != orig->strides() ||
       native->storage_offset() != orig->storage_offset()) {
@@ -84,23 +98,23 @@ void CallState::writeBack(const Alias& a, c10::DeviceIndex index) {
   }
 }
 
-bool CallState::isFresh(const c10::StorageImpl* storage) const {
-  for (const auto* s : foreign_storages) {
-    if (s == storage) {
-      return false;
-    }
-  }
-  return true;
-}
-
 at::Tensor CallState::fromNative(at::Tensor t, c10::DeviceIndex index) {
-  if (!t.defined() || t.device().type() == c10::DeviceType::PrivateUse1) {
-    return t;
-  }
   // The common case first: a tensor this kernel made, held by nobody else.
   // An argument's alias, a view of one and an alias storage are all held by
   // this call as well, so none of them passes this test.
-  if (relabelIfSoleOwner(t, index)) {
+  if (t.defined() && t.device().type() != c10::DeviceType::PrivateUse1 && relabelIfSoleOwner(t, index)) {
+    return t;
+  }
+  return adoptSharedResult(std::move(t), index, aliases, foreign_storages, op);
+}
+
+at::Tensor adoptSharedResult(
+    at::Tensor t,
+    c10::DeviceIndex index,
+    c10::ArrayRef<Alias> aliases,
+    c10::ArrayRef<const c10::StorageImpl*> foreign,
+    const c10::OperatorHandle& op) {
+  if (!t.defined() || t.device().type() == c10::DeviceType::PrivateUse1) {
     return t;
   }
   for (const Alias& a : aliases) {
@@ -121,7 +135,7 @@ at::Tensor CallState::fromNative(at::Tensor t, c10::DeviceIndex index) {
   if (auto flagos = aliasedFlagosStorage(t.storage())) {
     return flagosTensorOver(*flagos, t);
   }
-  return flagosTensorOver(flagosStorageFor(t.storage(), index, isFresh(storage)), t);
+  return flagosTensorOver(flagosStorageFor(t.storage(), index, !isForeign(storage, foreign)), t);
 }
 
 } // namespace flagos::detail

@@ -33,6 +33,18 @@ struct Alias {
   const c10::StorageImpl* native_storage; // as made, before the kernel ran
 };
 
+// A native result that a kernel did not make for this call alone, as a
+// flagos tensor: an argument handed back (its original), a view of one (over
+// the original's storage), a view of an alias storage, or memory wrapped
+// (taken over if it is not a non-flagos argument's, `foreign`). The sole-owner
+// case (relabelIfSoleOwner) comes first, at the caller.
+at::Tensor adoptSharedResult(
+    at::Tensor t,
+    c10::DeviceIndex index,
+    c10::ArrayRef<Alias> aliases,
+    c10::ArrayRef<const c10::StorageImpl*> foreign,
+    const c10::OperatorHandle& op);
+
 // `arg`: the argument's index in op's schema (read only to name it here).
 [[noreturn]] void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg);
 
@@ -99,7 +111,6 @@ struct CallState {
  private:
   c10::DeviceIndex settleDeviceSlowly(c10::OptionalDeviceGuard& guard);
   void writeBack(const Alias& a, c10::DeviceIndex index);
-  bool isFresh(const c10::StorageImpl* storage) const;
 };
 
 } // namespace detail

@@ -6,6 +6,7 @@
 // Overloads with Generator, Device, Stream or Storage arguments stay boxed
 // (the generator filters them out).
 
+#include "core/Alias.h"
 #include "core/RelabelCall.h"
 #include "core/RouterInternal.h"
 
@@ -19,6 +20,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <array>
 #include <new>
 #include <tuple>
 #include <type_traits>
@@ -162,6 +164,48 @@ struct Ret<std::tuple<T...>> {
   }
 };
 
+// Signatures whose calls can take the short path (SharedKernel::shortCall):
+// a tensor result, and arguments that are tensors read as they are or plain
+// values (no lists, optionals of tensors or written tensors).
+template <class T>
+inline constexpr bool kReadTensor = std::is_same_v<T, const at::Tensor&>;
+template <class T>
+inline constexpr bool kPlainValue = std::is_same_v<typename Arg<T>::Held, T>;
+
+template <class R, class... A>
+inline constexpr bool kShortPathSignature = std::is_same_v<R, at::Tensor> && sizeof...(A) > 0 &&
+    ((kReadTensor<A> || kPlainValue<A>) && ...) && (kReadTensor<A> || ...);
+
+// For each argument, its place among the tensor arguments.
+template <class... A>
+constexpr std::array<size_t, sizeof...(A)> tensorOrdinals() {
+  constexpr bool is_tensor[] = {kReadTensor<A>...};
+  std::array<size_t, sizeof...(A)> out{};
+  size_t n = 0;
+  for (size_t i = 0; i < sizeof...(A); ++i) {
+    out[i] = n;
+    n += is_tensor[i] ? 1 : 0;
+  }
+  return out;
+}
+
+// The short path's aliases, back to the pool when the call is over (after
+// its result is taken over, which compares against them), thrown or not.
+template <size_t N>
+struct ShortAliases {
+  detail::AliasPool* pool;
+  c10::DeviceIndex index = 0; // the call's device (there is one)
+  detail::Alias entries[N]{};
+  explicit ShortAliases(detail::AliasPool* p) : pool(p) {}
+  ShortAliases(const ShortAliases&) = delete;
+  ShortAliases& operator=(const ShortAliases&) = delete;
+  ~ShortAliases() {
+    for (detail::Alias& a : entries) {
+      detail::recycleAlias(pool, std::move(a.pooled), a.native_storage);
+    }
+  }
+};
+
 // The commonest metadata-only views, called straight into their ATen
 // implementation instead of redispatched, where the runtime's native device
 // is CPU or CUDA: native_functions.yaml gives both devices this same function
@@ -238,11 +282,77 @@ struct SharedKernel<R(A...)> {
       }
       return overload.native.redispatch(c.native_keys, std::forward<A>(args)...);
     }
+    if constexpr (kShortPathSignature<R, A...>) {
+      if (C10_LIKELY(c.single_device && !sc.info.writes && (onFlagos<A>(args) && ...))) {
+        if (detail::AliasPool* pool = detail::threadAliasPool(); C10_LIKELY(pool != nullptr)) {
+          return shortCall(sc, c, pool, *provider, overload.native, std::index_sequence_for<A...>{}, args...);
+        }
+      }
+    }
     CallState state(*sc.op, sc.info, c);
     return run(state, *provider, overload.native, std::index_sequence_for<A...>{}, std::forward<A>(args)...);
   }
 
  private:
+  template <class T>
+  C10_ALWAYS_INLINE static bool onFlagos(const std::remove_reference_t<T>& arg) {
+    if constexpr (kReadTensor<T>) {
+      return arg.defined() && arg.device().type() == c10::DeviceType::PrivateUse1;
+    } else {
+      return true;
+    }
+  }
+
+  // The commonest call, with one flagos device: every tensor argument a
+  // flagos tensor, read only, and a tensor result. run()'s steps without its
+  // bookkeeping for what this call cannot have (other devices, lists,
+  // written arguments): the aliases in a fixed array, no device to settle.
+  template <size_t... I>
+  static R shortCall(
+      const detail::SlotCall& sc,
+      const detail::CallConstants& c,
+      detail::AliasPool* pool,
+      RelabelProvider& provider,
+      const Handle& native,
+      std::index_sequence<I...>,
+      A... args) {
+    constexpr auto kOrdinal = tensorOrdinals<A...>();
+    ShortAliases<(size_t{kReadTensor<A>} + ...)> aliases(pool);
+    (takeShort<A, kOrdinal[I]>(args, aliases, c), ...);
+    const c10::DeviceIndex index = aliases.index;
+    at::Tensor out = [&] {
+      NativeScope scope(provider, index);
+      return native.redispatch(c.native_keys, passShort<A, kOrdinal[I]>(args, aliases)...);
+    }();
+    if (C10_LIKELY(detail::relabelIfSoleOwner(out, index))) {
+      return out;
+    }
+    return detail::adoptSharedResult(std::move(out), index, aliases.entries, {}, *sc.op);
+  }
+
+  template <class T, size_t K, size_t N>
+  C10_ALWAYS_INLINE static void takeShort(
+      const std::remove_reference_t<T>& arg,
+      ShortAliases<N>& aliases,
+      const detail::CallConstants& c) {
+    if constexpr (kReadTensor<T>) {
+      detail::Alias& a = aliases.entries[K];
+      aliases.index = arg.device().index();
+      a.pooled = detail::pooledAlias(aliases.pool, arg, c.nativeDevice(aliases.index), &a.native_storage);
+      a.native = a.pooled.unsafeGetTensorImpl();
+      a.original = arg.unsafeGetTensorImpl();
+    }
+  }
+
+  template <class T, size_t K, size_t N>
+  C10_ALWAYS_INLINE static T passShort(std::remove_reference_t<T>& arg, ShortAliases<N>& aliases) {
+    if constexpr (kReadTensor<T>) {
+      return aliases.entries[K].pooled;
+    } else {
+      return static_cast<T>(arg);
+    }
+  }
+
   template <size_t... I>
   static R run(CallState& state, RelabelProvider& provider, const Handle& native, std::index_sequence<I...>, A... args) {
     // Braced initialisation: arguments convert left to right, as in the schema.
