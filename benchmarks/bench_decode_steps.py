@@ -18,10 +18,10 @@ over the timed rounds, on the calling thread and outside the synchronising.
 
 --build-first says which side's model is made first (default native).
 --processes N runs N fresh processes of this script one after another, the
-side built first alternating, and combines their medians: one process's
-ratio moves by about a percent from process to process on the lent GPU
-machine (0.960 to 0.984 on one tree), more than within it, so a figure to
-trust takes several. The combined ratio is order_balanced()'s
+side built first alternating, and combines their medians: on the lent GPU
+machine one process's ratio moved by a few percent from process to process
+(0.954 to 0.987 over twelve processes of one tree), so a figure to trust
+takes several. The combined ratio is order_balanced()'s
 (order_balance.py): the geometric mean of the two build orders' medians.
 """
 

@@ -82,9 +82,13 @@ struct Arg<const std::optional<at::Tensor>&> {
   }
 };
 
+// A few tensors in place (cat's two or three; no heap allocation per
+// call), a longer list (an optimizer's foreach lists) on the heap.
+using AliasList = c10::SmallVector<at::Tensor, 4>;
+
 template <class List>
-std::vector<at::Tensor> aliasesOf(CallState& s, const List& list, size_t a) {
-  std::vector<at::Tensor> out;
+AliasList aliasesOf(CallState& s, const List& list, size_t a) {
+  AliasList out;
   out.reserve(list.size());
   for (const at::Tensor& t : list) {
     out.push_back(*s.toAlias(t, a, true));
@@ -94,7 +98,7 @@ std::vector<at::Tensor> aliasesOf(CallState& s, const List& list, size_t a) {
 
 template <>
 struct Arg<at::TensorList> {
-  using Held = std::vector<at::Tensor>;
+  using Held = AliasList;
   static Held convert(CallState& s, at::TensorList list, size_t a) {
     return aliasesOf(s, list, a);
   }
@@ -105,7 +109,7 @@ struct Arg<at::TensorList> {
 
 template <>
 struct Arg<const at::ITensorListRef&> {
-  using Held = std::vector<at::Tensor>;
+  using Held = AliasList;
   static Held convert(CallState& s, const at::ITensorListRef& list, size_t a) {
     return aliasesOf(s, list, a);
   }
