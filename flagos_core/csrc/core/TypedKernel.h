@@ -328,6 +328,9 @@ struct SharedKernel<R(A...)> {
       NativeScope scope(provider, index);
       return native.redispatch(c.native_keys, passShort<A, kOrdinal[I]>(args, aliases)...);
     }();
+    // As CallState::fromNative, the common case first. An undefined result
+    // fails the sole-owner test and is handed back as it is; a native kernel
+    // given native aliases only makes no flagos tensor.
     if (C10_LIKELY(detail::relabelIfSoleOwner(out, index))) {
       return out;
     }
