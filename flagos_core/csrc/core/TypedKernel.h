@@ -198,7 +198,6 @@ constexpr std::array<size_t, sizeof...(A)> tensorOrdinals() {
 template <size_t N>
 struct ShortAliases {
   detail::AliasPool* pool;
-  c10::DeviceIndex index = 0; // the call's device (there is one)
   detail::Alias entries[N]{};
   explicit ShortAliases(detail::AliasPool* p) : pool(p) {}
   ShortAliases(const ShortAliases&) = delete;
@@ -322,8 +321,8 @@ struct SharedKernel<R(A...)> {
       A... args) {
     constexpr auto kOrdinal = tensorOrdinals<A...>();
     ShortAliases<(size_t{kReadTensor<A>} + ...)> aliases(pool);
-    (takeShort<A, kOrdinal[I]>(args, aliases, c), ...);
-    const c10::DeviceIndex index = aliases.index;
+    const c10::DeviceIndex index = 0; // single_device: flagos:0 is the only device
+    (takeShort<A, kOrdinal[I]>(args, aliases, c.nativeDevice(index)), ...);
     at::Tensor out = [&] {
       NativeScope scope(provider, index);
       return native.redispatch(c.native_keys, passShort<A, kOrdinal[I]>(args, aliases)...);
@@ -341,11 +340,10 @@ struct SharedKernel<R(A...)> {
   C10_ALWAYS_INLINE static void takeShort(
       const std::remove_reference_t<T>& arg,
       ShortAliases<N>& aliases,
-      const detail::CallConstants& c) {
+      c10::Device native_device) {
     if constexpr (kReadTensor<T>) {
       detail::Alias& a = aliases.entries[K];
-      aliases.index = arg.device().index();
-      a.pooled = detail::pooledAlias(aliases.pool, arg, c.nativeDevice(aliases.index), &a.native_storage);
+      a.pooled = detail::pooledAlias(aliases.pool, arg, native_device, &a.native_storage);
       a.native = a.pooled.unsafeGetTensorImpl();
       a.original = arg.unsafeGetTensorImpl();
     }
