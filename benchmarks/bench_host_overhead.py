@@ -66,14 +66,17 @@ def op_table(device, gpu=False):
     a = torch.randn(16, device=device)
     b = torch.randn(16, device=device)
     m = torch.randn(64, 64, device=device)
+    acc = torch.zeros(16, device=device)  # its own: the in-place row changes it
     table = {
         "add": lambda: torch.add(a, b),
+        "add_ in place": lambda: acc.add_(b),
         "mul": lambda: torch.mul(a, b),
         "view": lambda: a.view(4, 4),
         "empty": lambda: torch.empty(16, device=device),
         "mm 64x64": lambda: torch.mm(m, m),
         "sum": lambda: a.sum(),
         "softmax": lambda: torch.softmax(a, dim=0),
+        "cat": lambda: torch.cat((a, b)),
     }
     if gpu:
         x = torch.randn(1, 1, 1024, dtype=torch.bfloat16).to(device)

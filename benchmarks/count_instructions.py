@@ -145,10 +145,10 @@ def report_lines(dumps, calls):
             rows[(trigger.group(1), trigger.group(2))] = (
                 sum(summary[e] for e in LINE_EVENTS) / calls, sum(own[e] for e in LINE_EVENTS) / calls)
     print(f"cache lines a call touches, from cold ({calls} calls per case)")
-    print(f"{'case':12s} {'cpu':>8s} {'flagos':>8s} {'extra':>8s} {'flagos_core':>12s}")
+    print(f"{'case':14s} {'cpu':>8s} {'flagos':>8s} {'extra':>8s} {'flagos_core':>12s}")
     for name in dict.fromkeys(name for name, _ in rows):
         cpu, flagos = rows[(name, "cpu")][0], rows[(name, "flagos")][0]
-        print(f"{name:12s} {cpu:8.1f} {flagos:8.1f} {flagos - cpu:+8.1f} {rows[(name, 'flagos')][1]:12.1f}")
+        print(f"{name:14s} {cpu:8.1f} {flagos:8.1f} {flagos - cpu:+8.1f} {rows[(name, 'flagos')][1]:12.1f}")
 
 
 def main():

@@ -80,6 +80,25 @@ def test_in_place_writes_reach_later_reads():
     _check(dev + 0, cpu + 0)
 
 
+def test_in_place_and_out_calls_on_views_and_with_scalars_match_cpu():
+    # In-place and out= calls on flagos tensors only take the short path;
+    # with a CPU scalar tensor or a CPU tensor they take the general one.
+    cpu, dev = _pair(4, 6)
+    other_cpu, other_dev = _pair(4, 6, seed=1)
+    cpu[:, ::2].mul_(other_cpu[:, 1::2])  # strided views, written and read
+    dev[:, ::2].mul_(other_dev[:, 1::2])
+    _check(dev, cpu)
+    torch.sub(cpu[:, 1], other_cpu[:, 3], alpha=3, out=cpu.t()[2])  # out= into a strided view
+    torch.sub(dev[:, 1], other_dev[:, 3], alpha=3, out=dev.t()[2])
+    _check(dev, cpu)
+    cpu.add_(torch.tensor(0.5))  # a 0-dim CPU tensor is a scalar
+    dev.add_(torch.tensor(0.5))
+    _check(dev, cpu)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        dev.add_(other_cpu)
+    _check(dev, cpu)  # the failed call changed nothing
+
+
 def test_a_result_over_an_arguments_memory_views_the_argument():
     # _unsafe_view's kernel makes a tensor over its argument's storage (not a
     # fresh one): the flagos result must be a view of the argument's flagos

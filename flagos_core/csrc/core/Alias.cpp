@@ -253,6 +253,11 @@ c10::Storage nativeStorageFor(c10::StorageImpl* flagos, c10::Device native) {
       c10::GetAllocator(native.type()), flagos->resizable()));
 }
 
+bool isAliasOf(const c10::DataPtr& native, const c10::StorageImpl* flagos) {
+  return native.get_context() == flagos &&
+      (native.get_deleter() == &borrowedFlagosStorage || native.get_deleter() == &releaseFlagosStorage);
+}
+
 std::optional<c10::Storage> aliasedFlagosStorage(const c10::Storage& native) {
   const c10::DataPtr& ptr = native.unsafeGetStorageImpl()->data_ptr();
   if (ptr.get_deleter() != &releaseFlagosStorage && ptr.get_deleter() != &borrowedFlagosStorage) {

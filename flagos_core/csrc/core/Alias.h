@@ -17,6 +17,8 @@ namespace flagos::detail {
 // A native storage over a flagos storage's memory; it holds a reference on
 // the flagos StorageImpl, so the memory outlives anything a kernel keeps.
 c10::Storage nativeStorageFor(c10::StorageImpl* flagos, c10::Device native);
+// Whether `native` is an alias storage's pointer into `flagos`'s memory.
+bool isAliasOf(const c10::DataPtr& native, const c10::StorageImpl* flagos);
 // The flagos storage an alias storage points at, if `native` is one.
 std::optional<c10::Storage> aliasedFlagosStorage(const c10::Storage& native);
 // A flagos-labelled storage over `native`'s memory: relabelled in place when

@@ -45,6 +45,11 @@ at::Tensor adoptSharedResult(
     c10::ArrayRef<const c10::StorageImpl*> foreign,
     const c10::OperatorHandle& op);
 
+// After a kernel wrote through alias `a` (in-place, out=): carries a resize
+// or re-pointing of the alias over to its flagos tensor. `foreign`: the
+// call's non-flagos arguments' storages (never the kernel's own).
+void writeBack(const Alias& a, c10::DeviceIndex index, c10::ArrayRef<const c10::StorageImpl*> foreign);
+
 // `arg`: the argument's index in op's schema (read only to name it here).
 [[noreturn]] void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg);
 
@@ -100,7 +105,7 @@ struct CallState {
   // of an alias over to its flagos tensor.
   void writeBackAll(c10::DeviceIndex index) {
     for (const Alias& a : aliases) {
-      writeBack(a, index);
+      writeBack(a, index, foreign_storages);
     }
   }
 
@@ -110,7 +115,6 @@ struct CallState {
 
  private:
   c10::DeviceIndex settleDeviceSlowly(c10::OptionalDeviceGuard& guard);
-  void writeBack(const Alias& a, c10::DeviceIndex index);
 };
 
 } // namespace detail

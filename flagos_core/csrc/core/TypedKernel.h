@@ -169,21 +169,27 @@ struct Ret<std::tuple<T...>> {
 };
 
 // Signatures whose calls can take the short path (SharedKernel::shortCall):
-// a tensor result, and arguments that are tensors read as they are or plain
-// values (no lists, optionals of tensors or written tensors).
+// arguments that are tensors or plain values (no lists or optionals of
+// tensors), and either a tensor result with every tensor argument read as it
+// is, or (in-place, out=) one written tensor argument, which is the result.
 template <class T>
 inline constexpr bool kReadTensor = std::is_same_v<T, const at::Tensor&>;
+template <class T>
+inline constexpr bool kWrittenTensor = std::is_same_v<T, at::Tensor&>;
+template <class T>
+inline constexpr bool kShortTensor = kReadTensor<T> || kWrittenTensor<T>;
 template <class T>
 inline constexpr bool kPlainValue = std::is_same_v<typename Arg<T>::Held, T>;
 
 template <class R, class... A>
-inline constexpr bool kShortPathSignature = std::is_same_v<R, at::Tensor> && sizeof...(A) > 0 &&
-    ((kReadTensor<A> || kPlainValue<A>) && ...) && (kReadTensor<A> || ...);
+inline constexpr bool kShortPathSignature = sizeof...(A) > 0 && ((kShortTensor<A> || kPlainValue<A>) && ...) &&
+    ((std::is_same_v<R, at::Tensor> && (kReadTensor<A> || ...) && !(kWrittenTensor<A> || ...)) ||
+     (std::is_same_v<R, at::Tensor&> && (size_t{kWrittenTensor<A>} + ...) == 1));
 
-// For each argument, its place among the tensor arguments.
+// For each argument, its place among the tensor arguments (read or written).
 template <class... A>
 constexpr std::array<size_t, sizeof...(A)> tensorOrdinals() {
-  constexpr bool is_tensor[] = {kReadTensor<A>...};
+  constexpr bool is_tensor[] = {kShortTensor<A>...};
   std::array<size_t, sizeof...(A)> out{};
   size_t n = 0;
   for (size_t i = 0; i < sizeof...(A); ++i) {
@@ -194,7 +200,8 @@ constexpr std::array<size_t, sizeof...(A)> tensorOrdinals() {
 }
 
 // The short path's aliases, back to the pool when the call is over (after
-// its result is taken over, which compares against them), thrown or not.
+// its result is taken over or its written argument updated, which read
+// them), thrown or not.
 template <size_t N>
 struct ShortAliases {
   detail::AliasPool* pool;
@@ -286,7 +293,9 @@ struct SharedKernel<R(A...)> {
       return overload.native.redispatch(c.native_keys, std::forward<A>(args)...);
     }
     if constexpr (kShortPathSignature<R, A...>) {
-      if (C10_LIKELY(c.single_device && !sc.info.writes && (onFlagos<A>(args) && ...))) {
+      // A tensor result: only where the schema writes no argument either.
+      constexpr bool kWrites = std::is_same_v<R, at::Tensor&>;
+      if (C10_LIKELY(c.single_device && (kWrites || !sc.info.writes) && (onFlagos<A>(args) && ...))) {
         if (detail::AliasPool* pool = detail::threadAliasPool(); C10_LIKELY(pool != nullptr)) {
           return shortCall(sc, c, pool, *provider, overload.native, std::index_sequence_for<A...>{}, args...);
         }
@@ -299,17 +308,17 @@ struct SharedKernel<R(A...)> {
  private:
   template <class T>
   C10_ALWAYS_INLINE static bool onFlagos(const std::remove_reference_t<T>& arg) {
-    if constexpr (kReadTensor<T>) {
+    if constexpr (kShortTensor<T>) {
       return arg.defined() && arg.device().type() == c10::DeviceType::PrivateUse1;
     } else {
       return true;
     }
   }
 
-  // The commonest call, with one flagos device: every tensor argument a
-  // flagos tensor, read only, and a tensor result. run()'s steps without its
-  // bookkeeping for what this call cannot have (other devices, lists,
-  // written arguments): the aliases in a fixed array, no device to settle.
+  // The commonest calls, with one flagos device: every tensor argument a
+  // flagos tensor, and a tensor result or one written argument. run()'s
+  // steps without its bookkeeping for what these calls cannot have (other
+  // devices, lists): the aliases in a fixed array, no device to settle.
   template <size_t... I>
   static R shortCall(
       const detail::SlotCall& sc,
@@ -320,20 +329,41 @@ struct SharedKernel<R(A...)> {
       std::index_sequence<I...>,
       A... args) {
     constexpr auto kOrdinal = tensorOrdinals<A...>();
-    ShortAliases<(size_t{kReadTensor<A>} + ...)> aliases(pool);
+    ShortAliases<(size_t{kShortTensor<A>} + ...)> aliases(pool);
     const c10::DeviceIndex index = 0; // single_device: flagos:0 is the only device
     (takeShort<A, kOrdinal[I]>(args, aliases, c.nativeDevice(index)), ...);
-    at::Tensor out = [&] {
+    auto call_native = [&]() -> R {
       NativeScope scope(provider, index);
       return native.redispatch(c.native_keys, passShort<A, kOrdinal[I]>(args, aliases)...);
-    }();
-    // As CallState::fromNative, the common case first. An undefined result
-    // fails the sole-owner test and is handed back as it is; a native kernel
-    // given native aliases only makes no flagos tensor.
-    if (C10_LIKELY(detail::relabelIfSoleOwner(out, index))) {
-      return out;
+    };
+    if constexpr (std::is_same_v<R, at::Tensor&>) {
+      // In-place or out=: the kernel wrote through the alias; a resize or
+      // re-pointing goes over to the flagos tensor, which is the result.
+      call_native();
+      constexpr size_t kWritten = writtenArgument<A...>();
+      detail::writeBack(aliases.entries[kOrdinal[kWritten]], index, {});
+      return std::get<kWritten>(std::forward_as_tuple(args...));
+    } else {
+      at::Tensor out = call_native();
+      // As CallState::fromNative, the common case first. An undefined result
+      // fails the sole-owner test and is handed back as it is; a native kernel
+      // given native aliases only makes no flagos tensor.
+      if (C10_LIKELY(detail::relabelIfSoleOwner(out, index))) {
+        return out;
+      }
+      return detail::adoptSharedResult(std::move(out), index, aliases.entries, {}, *sc.op);
     }
-    return detail::adoptSharedResult(std::move(out), index, aliases.entries, {}, *sc.op);
+  }
+
+  template <class... B>
+  static constexpr size_t writtenArgument() {
+    constexpr bool written[] = {kWrittenTensor<B>...};
+    for (size_t i = 0; i < sizeof...(B); ++i) {
+      if (written[i]) {
+        return i;
+      }
+    }
+    return sizeof...(B);
   }
 
   template <class T, size_t K, size_t N>
@@ -341,7 +371,7 @@ struct SharedKernel<R(A...)> {
       const std::remove_reference_t<T>& arg,
       ShortAliases<N>& aliases,
       c10::Device native_device) {
-    if constexpr (kReadTensor<T>) {
+    if constexpr (kShortTensor<T>) {
       detail::Alias& a = aliases.entries[K];
       a.pooled = detail::pooledAlias(aliases.pool, arg, native_device, &a.native_storage);
       a.native = a.pooled.unsafeGetTensorImpl();
@@ -351,7 +381,7 @@ struct SharedKernel<R(A...)> {
 
   template <class T, size_t K, size_t N>
   C10_ALWAYS_INLINE static T passShort(std::remove_reference_t<T>& arg, ShortAliases<N>& aliases) {
-    if constexpr (kReadTensor<T>) {
+    if constexpr (kShortTensor<T>) {
       return aliases.entries[K].pooled;
     } else {
       return static_cast<T>(arg);
