@@ -73,6 +73,30 @@ class AliasImpl final : public c10::TensorImpl {
     is_non_overlapping_and_dense_ = non_overlapping_and_dense;
   }
 
+  // The stored geometry, read as takeGeometryOf writes it: one loop over
+  // sizes and strides together, none of the accessors' policy checks.
+  static bool sameGeometry(const c10::TensorImpl& a, const c10::TensorImpl& b) {
+    if (C10_UNLIKELY(a.has_symbolic_sizes_strides() || b.has_symbolic_sizes_strides())) {
+      return a.sym_sizes() == b.sym_sizes() && a.sym_strides() == b.sym_strides() &&
+          a.sym_storage_offset() == b.sym_storage_offset();
+    }
+    const c10::impl::SizesAndStrides& x = a.*kSizesAndStrides;
+    const c10::impl::SizesAndStrides& y = b.*kSizesAndStrides;
+    if (x.size() != y.size() || a.*kStorageOffset != b.*kStorageOffset) {
+      return false;
+    }
+    const int64_t* xs = x.sizes_data();
+    const int64_t* ys = y.sizes_data();
+    const int64_t* xt = x.strides_data();
+    const int64_t* yt = y.strides_data();
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (xs[i] != ys[i] || xt[i] != yt[i]) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   void setDtype(caffe2::TypeMeta dtype) {
     data_type_ = dtype;
   }
@@ -282,6 +306,12 @@ c10::Storage flagosStorageFor(const c10::Storage& native, c10::DeviceIndex index
   c10::DataPtr wrapped(data, new ForeignStorageRef{native}, &deleteForeignStorageRef, label);
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), impl->sym_nbytes(), std::move(wrapped), nullptr, false));
+}
+
+bool aliasUnchanged(const c10::TensorImpl& alias, const c10::TensorImpl& original) {
+  return isAliasOf(alias.unsafe_storage().unsafeGetStorageImpl()->data_ptr(),
+                   original.unsafe_storage().unsafeGetStorageImpl()) &&
+      AliasImpl::sameGeometry(alias, original);
 }
 
 c10::DispatchKeySet keysFor(c10::Device device) {

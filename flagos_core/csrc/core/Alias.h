@@ -27,6 +27,10 @@ c10::Storage flagosStorageFor(const c10::Storage& native, c10::DeviceIndex index
 // A new flagos TensorImpl over `storage` with `geometry`'s sizes, strides, dtype.
 at::Tensor flagosTensorOver(c10::Storage storage, const at::Tensor& geometry);
 c10::DispatchKeySet keysFor(c10::Device device);
+// Whether a kernel that wrote through `alias` left it as it was made for
+// `original`: over the same memory, with the same sizes, strides and
+// offset (a write in place does; an out= resize or a set_ does not).
+bool aliasUnchanged(const c10::TensorImpl& alias, const c10::TensorImpl& original);
 void copyGeometry(const c10::TensorImpl& from, c10::TensorImpl& to);
 
 // This thread's pool of alias TensorImpls; nullptr while the thread exits

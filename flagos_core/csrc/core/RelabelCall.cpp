@@ -16,23 +16,6 @@ bool isForeign(const c10::StorageImpl* storage, c10::ArrayRef<const c10::Storage
   return false;
 }
 
-// Whether `native` still has `orig`'s sizes, strides and offset, as the
-// alias was made: a write in place leaves them, an out= resize does not. One
-// loop over both, not a memcmp each for sizes and strides.
-bool sameGeometry(const c10::TensorImpl& native, const c10::TensorImpl& orig) {
-  const c10::IntArrayRef sizes = native.sizes(), orig_sizes = orig.sizes();
-  if (sizes.size() != orig_sizes.size() || native.storage_offset() != orig.storage_offset()) {
-    return false;
-  }
-  const c10::IntArrayRef strides = native.strides(), orig_strides = orig.strides();
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    if (sizes[i] != orig_sizes[i] || strides[i] != orig_strides[i]) {
-      return false;
-    }
-  }
-  return true;
-}
-
 } // namespace
 
 void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg) {
@@ -91,12 +74,13 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, size_t arg, 
 void writeBack(const Alias& a, c10::DeviceIndex index, c10::ArrayRef<const c10::StorageImpl*> foreign) {
   c10::TensorImpl* orig = a.original;
   const c10::TensorImpl* native = a.native;
-  const c10::Storage& native_storage = native->storage();
-  c10::StorageImpl* orig_storage = orig->storage().unsafeGetStorageImpl();
-  const c10::DataPtr& native_ptr = native_storage.unsafeGetStorageImpl()->data_ptr();
-  if (C10_LIKELY(isAliasOf(native_ptr, orig_storage))) {
-    // Written in place, the commonest case: nothing to carry over unless
-    // the geometry changed (below).
+  if (C10_LIKELY(aliasUnchanged(*native, *orig))) {
+    return; // written in place, the commonest case: nothing to carry over
+  }
+  const c10::Storage& native_storage = native->unsafe_storage();
+  c10::StorageImpl* orig_storage = orig->unsafe_storage().unsafeGetStorageImpl();
+  if (isAliasOf(native_storage.unsafeGetStorageImpl()->data_ptr(), orig_storage)) {
+    // Same memory, new geometry: below.
   } else if (auto flagos = aliasedFlagosStorage(native_storage)) {
     orig->set_storage_keep_dtype(*flagos); // set_ onto another flagos tensor
   } else if (native_storage.unsafeGetStorageImpl() == a.native_storage) {
@@ -111,7 +95,8 @@ void writeBack(const Alias& a, c10::DeviceIndex index, c10::ArrayRef<const c10::
     orig->set_storage_keep_dtype(
         flagosStorageFor(native_storage, index, !isForeign(native_storage.unsafeGetStorageImpl(), foreign)));
   }
-  if (!sameGeometry(*native, *orig)) {
+  if (native->sizes() != orig->sizes() || native->strides() != orig->strides() ||
+      native->storage_offset() != orig->storage_offset()) {
     orig->set_sizes_and_strides(native->sizes(), native->strides(), native->storage_offset());
   }
 }
