@@ -308,6 +308,10 @@ c10::Storage flagosStorageFor(const c10::Storage& native, c10::DeviceIndex index
       c10::StorageImpl::use_byte_size_t(), impl->sym_nbytes(), std::move(wrapped), nullptr, false));
 }
 
+bool sameGeometry(const c10::TensorImpl& a, const c10::TensorImpl& b) {
+  return AliasImpl::sameGeometry(a, b);
+}
+
 bool aliasUnchanged(const c10::TensorImpl& alias, const c10::TensorImpl& original) {
   return isAliasOf(alias.unsafe_storage().unsafeGetStorageImpl()->data_ptr(),
                    original.unsafe_storage().unsafeGetStorageImpl()) &&

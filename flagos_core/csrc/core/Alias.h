@@ -31,6 +31,8 @@ c10::DispatchKeySet keysFor(c10::Device device);
 // `original`: over the same memory, with the same sizes, strides and
 // offset (a write in place does; an out= resize or a set_ does not).
 bool aliasUnchanged(const c10::TensorImpl& alias, const c10::TensorImpl& original);
+// Whether `a` and `b` have the same sizes, strides and offset.
+bool sameGeometry(const c10::TensorImpl& a, const c10::TensorImpl& b);
 void copyGeometry(const c10::TensorImpl& from, c10::TensorImpl& to);
 
 // This thread's pool of alias TensorImpls; nullptr while the thread exits

@@ -71,12 +71,9 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, size_t arg, 
   return c10::MaybeOwned<at::Tensor>::borrowed(aliases.back().pooled);
 }
 
-void writeBack(const Alias& a, c10::DeviceIndex index, c10::ArrayRef<const c10::StorageImpl*> foreign) {
+void carryOverChange(const Alias& a, c10::DeviceIndex index, c10::ArrayRef<const c10::StorageImpl*> foreign) {
   c10::TensorImpl* orig = a.original;
   const c10::TensorImpl* native = a.native;
-  if (C10_LIKELY(aliasUnchanged(*native, *orig))) {
-    return; // written in place, the commonest case: nothing to carry over
-  }
   const c10::Storage& native_storage = native->unsafe_storage();
   c10::StorageImpl* orig_storage = orig->unsafe_storage().unsafeGetStorageImpl();
   if (isAliasOf(native_storage.unsafeGetStorageImpl()->data_ptr(), orig_storage)) {
@@ -95,8 +92,7 @@ void writeBack(const Alias& a, c10::DeviceIndex index, c10::ArrayRef<const c10::
     orig->set_storage_keep_dtype(
         flagosStorageFor(native_storage, index, !isForeign(native_storage.unsafeGetStorageImpl(), foreign)));
   }
-  if (native->sizes() != orig->sizes() || native->strides() != orig->strides() ||
-      native->storage_offset() != orig->storage_offset()) {
+  if (!sameGeometry(*native, *orig)) {
     orig->set_sizes_and_strides(native->sizes(), native->strides(), native->storage_offset());
   }
 }

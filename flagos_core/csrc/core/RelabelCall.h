@@ -5,6 +5,7 @@
 // native aliases stand for which flagos tensors, which device the call is on,
 // and how results come back as flagos tensors.
 
+#include "core/Alias.h"
 #include "core/CallConstants.h"
 
 #include <flagos/Provider.h>
@@ -45,10 +46,19 @@ at::Tensor adoptSharedResult(
     c10::ArrayRef<const c10::StorageImpl*> foreign,
     const c10::OperatorHandle& op);
 
-// After a kernel wrote through alias `a` (in-place, out=): carries a resize
-// or re-pointing of the alias over to its flagos tensor. `foreign`: the
-// call's non-flagos arguments' storages (never the kernel's own).
-void writeBack(const Alias& a, c10::DeviceIndex index, c10::ArrayRef<const c10::StorageImpl*> foreign);
+// writeBack's work once the alias did change: a resize or re-pointing
+// carried over to the flagos tensor.
+void carryOverChange(const Alias& a, c10::DeviceIndex index, c10::ArrayRef<const c10::StorageImpl*> foreign);
+
+// After a kernel wrote through alias `a` (in-place, out=): nothing to do in
+// the commonest case, a write in place; else a resize or re-pointing of the
+// alias goes over to its flagos tensor. `foreign`: the call's non-flagos
+// arguments' storages (never the kernel's own).
+inline void writeBack(const Alias& a, c10::DeviceIndex index, c10::ArrayRef<const c10::StorageImpl*> foreign) {
+  if (C10_UNLIKELY(!aliasUnchanged(*a.native, *a.original))) {
+    carryOverChange(a, index, foreign);
+  }
+}
 
 // `arg`: the argument's index in op's schema (read only to name it here).
 [[noreturn]] void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg);

@@ -341,10 +341,7 @@ struct SharedKernel<R(A...)> {
       // re-pointing goes over to the flagos tensor, which is the result.
       call_native();
       constexpr size_t kWritten = writtenArgument<A...>();
-      const detail::Alias& written = aliases.entries[kOrdinal[kWritten]];
-      if (C10_UNLIKELY(!detail::aliasUnchanged(*written.native, *written.original))) {
-        detail::writeBack(written, index, {});
-      }
+      detail::writeBack(aliases.entries[kOrdinal[kWritten]], index, {});
       return std::get<kWritten>(std::forward_as_tuple(args...));
     } else {
       at::Tensor out = call_native();
