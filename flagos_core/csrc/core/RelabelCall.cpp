@@ -65,7 +65,7 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, size_t arg, 
   const c10::StorageImpl* made = nullptr;
   at::Tensor alias = pooledAlias(pool, t, consts.nativeDevice(d.index()), &made);
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
-  aliases.push_back(Alias{std::move(alias), impl, t.unsafeGetTensorImpl(), made});
+  aliases.push_back(Alias{std::move(alias), impl, t.unsafeGetTensorImpl(), made, arg});
   // A borrow copies the TensorImpl pointer, not a reference to the vector's
   // element, so it stays valid if `aliases` grows; the entry owns the alias.
   return c10::MaybeOwned<at::Tensor>::borrowed(aliases.back().pooled);

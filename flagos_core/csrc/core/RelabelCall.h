@@ -32,6 +32,7 @@ struct Alias {
   // reference would cost, for a tensor Python holds, a trip through the GIL.
   c10::TensorImpl* original;
   const c10::StorageImpl* native_storage; // as made, before the kernel ran
+  size_t arg; // the argument's index in the schema
 };
 
 // A native result that a kernel did not make for this call alone, as a
@@ -116,6 +117,16 @@ struct CallState {
   void writeBackAll(c10::DeviceIndex index) {
     for (const Alias& a : aliases) {
       writeBack(a, index, foreign_storages);
+    }
+  }
+  // The same for the arguments whose bits are set in `written` (bit i:
+  // argument i; arguments past the 64th always): a kernel writes only the
+  // arguments its schema marks, so the read ones need no check.
+  void writeBackWritten(c10::DeviceIndex index, uint64_t written) {
+    for (const Alias& a : aliases) {
+      if (a.arg >= 64 || ((written >> a.arg) & 1) != 0) {
+        writeBack(a, index, foreign_storages);
+      }
     }
   }
 

@@ -106,6 +106,10 @@ std::optional<c10::OperatorHandle> findHandle(const std::string& overload) {
   return c10::Dispatcher::singleton().findOp(name);
 }
 
+bool isWritten(const c10::Argument& arg) {
+  return arg.alias_info() != nullptr && arg.alias_info()->isWrite();
+}
+
 // What providers need to know of an overload's schema, read once, and its
 // handle (set before `provider` is first published).
 void describe(Slot& slot, const c10::OperatorHandle& op) {
@@ -116,7 +120,7 @@ void describe(Slot& slot, const c10::OperatorHandle& op) {
       "view", "view.dtype", "as_strided", "_reshape_alias", "unfold", "view_as_real", "view_as_complex"};
   slot.metadata_only = metadata_views.count(slot.name) != 0;
   for (const auto& arg : op.schema().arguments()) {
-    slot.writes = slot.writes || (arg.alias_info() && arg.alias_info()->isWrite());
+    slot.writes = slot.writes || isWritten(arg);
     slot.takes_generator = slot.takes_generator || isOptionalGenerator(arg);
   }
 }
@@ -445,6 +449,17 @@ class ProviderKernel final : public c10::OperatorKernel {
 };
 
 } // namespace
+
+uint64_t writtenArguments(const c10::FunctionSchema& schema) {
+  const auto& args = schema.arguments();
+  uint64_t written = 0;
+  for (size_t i = 0; i < args.size() && i < 64; ++i) {
+    if (isWritten(args[i])) {
+      written |= uint64_t{1} << i;
+    }
+  }
+  return written;
+}
 
 c10::BoxedKernel providerBoxedKernel(size_t index) {
   return c10::BoxedKernel::makeFromFunctor(std::make_unique<ProviderKernel>(index));

@@ -22,4 +22,8 @@ SlotCall enterSlot(size_t index);
 // providers).
 c10::BoxedKernel providerBoxedKernel(size_t index);
 
+// The arguments `schema` writes (in-place, out=): bit i for argument i, the
+// first 64 (CallState::writeBackWritten checks any later one anyway).
+uint64_t writtenArguments(const c10::FunctionSchema& schema);
+
 } // namespace flagos::detail

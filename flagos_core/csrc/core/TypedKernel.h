@@ -82,39 +82,60 @@ struct Arg<const std::optional<at::Tensor>&> {
   }
 };
 
-// A few tensors in place (cat's two or three; no heap allocation per
-// call), a longer list (an optimizer's foreach lists) on the heap.
-using AliasList = c10::SmallVector<at::Tensor, 4>;
-
-template <class List>
-AliasList aliasesOf(CallState& s, const List& list, size_t a) {
-  AliasList out;
-  out.reserve(list.size());
-  for (const at::Tensor& t : list) {
-    out.push_back(*s.toAlias(t, a, true));
+// A list argument's native aliases as the kernel reads them, one array in
+// order: a few in place (cat's two or three; no heap allocation per call),
+// a longer list (an optimizer's foreach lists) on the heap. The entries are
+// borrowed: the call's records (CallState::aliases) own the aliases, and the
+// caller the other elements, so an element costs no reference counting.
+class BorrowedList {
+ public:
+  BorrowedList() = default;
+  BorrowedList(BorrowedList&&) = default; // the moved-from array is left empty
+  BorrowedList& operator=(BorrowedList&&) = delete;
+  ~BorrowedList() {
+    for (at::Tensor& t : tensors_) {
+      c10::MaybeOwnedTraits<at::Tensor>::destroyBorrow(t);
+    }
   }
-  return out;
-}
+
+  template <class List>
+  static BorrowedList of(CallState& s, const List& list, size_t arg) {
+    BorrowedList out;
+    out.tensors_.reserve(list.size());
+    s.aliases.reserve(s.aliases.size() + list.size()); // one growth, not one per few elements
+    for (const at::Tensor& t : list) {
+      out.tensors_.push_back(c10::MaybeOwnedTraits<at::Tensor>::createBorrow(*s.toAlias(t, arg, true)));
+    }
+    return out;
+  }
+
+  at::TensorList get() const {
+    return tensors_;
+  }
+
+ private:
+  c10::SmallVector<at::Tensor, 4> tensors_;
+};
 
 template <>
 struct Arg<at::TensorList> {
-  using Held = AliasList;
+  using Held = BorrowedList;
   static Held convert(CallState& s, at::TensorList list, size_t a) {
-    return aliasesOf(s, list, a);
+    return BorrowedList::of(s, list, a);
   }
   static at::TensorList pass(Held& h) {
-    return h;
+    return h.get();
   }
 };
 
 template <>
 struct Arg<const at::ITensorListRef&> {
-  using Held = AliasList;
+  using Held = BorrowedList;
   static Held convert(CallState& s, const at::ITensorListRef& list, size_t a) {
-    return aliasesOf(s, list, a);
+    return BorrowedList::of(s, list, a);
   }
   static at::ITensorListRef pass(Held& h) {
-    return at::ITensorListRef(at::TensorList(h));
+    return at::ITensorListRef(h.get());
   }
 };
 
@@ -265,6 +286,7 @@ struct SharedKernel<R(A...)> {
   struct Overload {
     Handle native; // redispatched with the native keys
     c10::BoxedKernel boxed; // for a provider that is not a relabel provider
+    uint64_t written; // the arguments the schema writes (bit i: argument i)
   };
 
   C10_NOINLINE static R call(size_t slot, const Overload& overload, c10::DispatchKeySet keys, A... args) {
@@ -302,7 +324,7 @@ struct SharedKernel<R(A...)> {
       }
     }
     CallState state(*sc.op, sc.info, c);
-    return run(state, *provider, overload.native, std::index_sequence_for<A...>{}, std::forward<A>(args)...);
+    return run(state, *provider, overload, std::index_sequence_for<A...>{}, std::forward<A>(args)...);
   }
 
  private:
@@ -389,19 +411,19 @@ struct SharedKernel<R(A...)> {
   }
 
   template <size_t... I>
-  static R run(CallState& state, RelabelProvider& provider, const Handle& native, std::index_sequence<I...>, A... args) {
+  static R run(CallState& state, RelabelProvider& provider, const Overload& overload, std::index_sequence<I...>, A... args) {
     // Braced initialisation: arguments convert left to right, as in the schema.
     std::tuple<typename Arg<A>::Held...> held{Arg<A>::convert(state, args, I)...};
     c10::OptionalDeviceGuard guard;
     const c10::DeviceIndex index = state.settleDevice(guard);
     auto call_native = [&]() -> decltype(auto) {
       NativeScope scope(provider, index);
-      return native.redispatch(state.consts.native_keys, Arg<A>::pass(std::get<I>(held))...);
+      return overload.native.redispatch(state.consts.native_keys, Arg<A>::pass(std::get<I>(held))...);
     };
     if constexpr (std::is_void_v<R> || std::is_same_v<R, at::Tensor&>) {
       call_native();
-      if (state.info.writes) { // always, for in-place and out= overloads
-        state.writeBackAll(index);
+      if (overload.written != 0) { // always, for in-place and out= overloads
+        state.writeBackWritten(index, overload.written);
       }
       if constexpr (!std::is_void_v<R>) {
         // As PyTorch's own wrappers: in-place ops return their first
@@ -415,8 +437,8 @@ struct SharedKernel<R(A...)> {
       }
     } else {
       R out = call_native();
-      if (state.info.writes) {
-        state.writeBackAll(index);
+      if (overload.written != 0) {
+        state.writeBackWritten(index, overload.written);
       }
       return Ret<R>::convert(state, std::move(out), index);
     }
@@ -455,7 +477,8 @@ template <class Op, size_t Slot>
 void registerTyped(torch::Library& m, const char* overload) {
   using K = Kernel<Op, Slot>;
   auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name).template typed<typename Op::schema>();
-  new (K::storage) typename K::Overload{std::move(handle), detail::providerBoxedKernel(Slot)}; // never destroyed: kernels may run at exit
+  const uint64_t written = detail::writtenArguments(handle.schema());
+  new (K::storage) typename K::Overload{std::move(handle), detail::providerBoxedKernel(Slot), written}; // never destroyed: kernels may run at exit
   m.impl(overload, torch::CppFunction::makeFromUnboxedFunction(TORCH_FN((Kernel<Op, Slot>::call))));
 }
 
