@@ -67,6 +67,11 @@ def op_table(device, gpu=False):
     b = torch.randn(16, device=device)
     m = torch.randn(64, 64, device=device)
     acc = torch.zeros(16, device=device)  # its own: the in-place row changes it
+    # An optimizer's kind of foreach call (AdamW's exp_avg update) over 64
+    # parameters: the written list converges on the read one, so any number
+    # of calls stays in range.
+    params = [torch.randn(16, device=device) for _ in range(64)]
+    grads = [torch.randn(16, device=device) for _ in range(64)]
     table = {
         "add": lambda: torch.add(a, b),
         "add_ in place": lambda: acc.add_(b),
@@ -77,6 +82,7 @@ def op_table(device, gpu=False):
         "sum": lambda: a.sum(),
         "softmax": lambda: torch.softmax(a, dim=0),
         "cat": lambda: torch.cat((a, b)),
+        "lerp_ x64": lambda: torch._foreach_lerp_(params, grads, 0.1),
     }
     if gpu:
         x = torch.randn(1, 1, 1024, dtype=torch.bfloat16).to(device)
