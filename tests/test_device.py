@@ -74,13 +74,14 @@ def test_seeded_random_matches_cpu():
         assert torch.equal(got.cpu(), expected)
 
 
-def test_flagos_generator_state_is_its_own():
+def test_flagos_draws_from_the_cpu_generator():
+    # The host device's generator is CPU's default one: CPU draws move it.
     torch.flagos.manual_seed(7)
+    assert torch.initial_seed() == 7
     state = torch.flagos.get_rng_state()
     first = torch.randn(5, device="flagos")
-    torch.randn(5)  # CPU draws do not move the flagos generator
     torch.flagos.set_rng_state(state)
-    assert torch.equal(torch.randn(5, device="flagos").cpu(), first.cpu())
+    assert torch.equal(torch.randn(5).cpu(), first.cpu())
 
 
 def test_mixing_flagos_and_cpu_is_the_usual_error():

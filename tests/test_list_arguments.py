@@ -14,6 +14,8 @@ import torch
 
 import flagos_core  # noqa: F401
 
+pytestmark = pytest.mark.native
+
 
 def _lists(native, count, seed, shape=(5,)):
     g = torch.Generator().manual_seed(seed)

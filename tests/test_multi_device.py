@@ -216,6 +216,7 @@ def check_each_device_has_its_own_generator():
     torch.rand(8, device="flagos:0")
     torch.flagos.set_rng_state(saved, 1)
     assert torch.equal(torch.rand(8, device="flagos:1").cpu(), first)
+    torch.rand(8, device="flagos:0")  # so far both devices drew alike: now flagos:0 draws alone
     states = torch.flagos.get_rng_state_all()
     assert len(states) == 2 and not torch.equal(states[0], states[1])
 

@@ -82,7 +82,13 @@ class HostRuntime final : public DeviceRuntime {
   explicit HostRuntime(c10::DeviceIndex devices)
       : devices_(devices), allocator_(devices, [] { return t_current_device; }), next_stream_(devices) {
     for (c10::DeviceIndex i = 0; i < devices; ++i) {
-      generators_.push_back(newGenerator(i));
+      // flagos:0 draws from CPU's own default generator, as the CPU kernels
+      // it runs do when a call passes none (dropout): one stream, so a
+      // script gives the numbers it gives on CPU, and saving or seeding the
+      // device's state covers every draw. Further host devices, which only
+      // stand in for several accelerators, have generators of their own.
+      generators_.push_back(
+          i == 0 ? at::make_generator<NativeBackedGenerator>(i, at::detail::getDefaultCPUGenerator()) : newGenerator(i));
       next_stream_[i].store(1);
     }
   }

@@ -36,7 +36,10 @@ class CudaRuntime final : public DeviceRuntime {
   CudaRuntime() {
     const c10::DeviceIndex count = cuda().deviceCount();
     for (c10::DeviceIndex i = 0; i < count; ++i) {
-      generators_.push_back(newGenerator(i));
+      // flagos:i draws from cuda:i's default generator: the one CUDA's
+      // kernels take when a call passes none (dropout, flash attention), and
+      // the one CUDA graph capture registers. One stream per GPU, as natively.
+      generators_.push_back(at::make_generator<NativeBackedGenerator>(i, at::cuda::detail::getDefaultCUDAGenerator(i)));
     }
   }
 
