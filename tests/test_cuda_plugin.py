@@ -80,17 +80,20 @@ def test_streams_are_cuda_streams():
     assert start.elapsed_time(end) >= 0
 
 
-def test_sdpa_reaches_fused_kernels_forward_and_backward(tmp_path):
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
+def test_sdpa_reaches_fused_kernels_forward_and_backward(tmp_path, dropout_p):
+    # With dropout the masks must match as well: flagos draws from CUDA's own
+    # generator, and the backward gets the RNG state its forward drew.
     import sys, os
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
     from side_process import SideProcess
 
-    code = """
+    code = f"""
 torch.manual_seed(0)
 q = torch.randn(2, 8, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True, dropout_p={dropout_p})
 out.sum().backward()
-result = {"out": out.detach().cpu(), "grad": q.grad.cpu()}
+result = {{"out": out.detach().cpu(), "grad": q.grad.cpu()}}
 """
     native = SideProcess("cuda")  # CUDA backward cannot run in this process (side_process.py)
     try:
@@ -100,7 +103,7 @@ result = {"out": out.detach().cpu(), "grad": q.grad.cpu()}
     torch.manual_seed(0)
     fq = torch.randn(2, 8, 256, 64, device="flagos", dtype=torch.bfloat16, requires_grad=True)
     with flagos_core.trace() as t:
-        fout = torch.nn.functional.scaled_dot_product_attention(fq, fq, fq, is_causal=True)
+        fout = torch.nn.functional.scaled_dot_product_attention(fq, fq, fq, is_causal=True, dropout_p=dropout_p)
         fout.sum().backward()
     fused = {op for (op, _) in t.counts if "flash_attention" in op or "efficient_attention" in op or "cudnn_attention" in op}
     assert any("backward" in op for op in fused) and any("backward" not in op for op in fused), t.counts

@@ -2,7 +2,9 @@
 // kernel (see the core's AttentionChoice.cpp). For the flash choice PyTorch's
 // SDPA calls the CPU-named flash overloads on any device but CUDA; this
 // provider serves those two overloads with CUDA's flash kernels, the ones
-// native CUDA runs for the same call.
+// native CUDA runs for the same call. With dropout, CUDA's forward returns
+// the RNG state it drew, which the CPU-named overloads have no place for:
+// it is kept here for the backward, under the forward's logsumexp result.
 
 #include "FlashAttention.h"
 
@@ -12,19 +14,65 @@
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+
 namespace flagos::cuda {
 namespace {
 
-void checkSupported(double dropout_p, const c10::IValue& attn_mask) {
-  // The CPU-named overloads carry no RNG state from forward to backward, and
-  // CUDA's flash kernels take no mask. Autograd hands backward a mask that
-  // was None in forward as an undefined tensor.
+void checkSupported(const c10::IValue& attn_mask) {
+  // CUDA's flash kernels take no mask (its choice never picks them for one).
+  // Autograd hands backward a mask that was None in forward as an undefined
+  // tensor.
   const bool no_mask = attn_mask.isNone() || (attn_mask.isTensor() && !attn_mask.toTensor().defined());
   TORCH_CHECK(
-      dropout_p == 0.0 && no_mask,
-      "flagos-cuda: flash attention through flagos needs dropout_p == 0 and no attn_mask (got dropout_p=",
-      dropout_p, ", attn_mask ", no_mask ? "none" : "given",
-      "); choose another SDPA backend with torch.nn.attention.sdpa_kernel");
+      no_mask,
+      "flagos-cuda: flash attention through flagos takes no attn_mask; choose another SDPA backend with "
+      "torch.nn.attention.sdpa_kernel");
+}
+
+// The RNG state (philox seed and offset) each forward with dropout drew, for
+// its backward: keyed by the forward's logsumexp, which autograd saves and
+// hands to the backward. An entry goes when that logsumexp's storage dies
+// (swept at the next forward with dropout).
+class DropoutStates {
+ public:
+  void put(const at::Tensor& logsumexp, at::Tensor seed, at::Tensor offset) {
+    const c10::Storage& storage = logsumexp.storage();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      it = it->second.storage.expired() ? entries_.erase(it) : std::next(it);
+    }
+    entries_.insert_or_assign(
+        storage.unsafeGetStorageImpl(), Entry{storage.getWeakStorageImpl(), std::move(seed), std::move(offset)});
+  }
+
+  std::pair<at::Tensor, at::Tensor> get(const at::Tensor& logsumexp) {
+    c10::StorageImpl* key = logsumexp.storage().unsafeGetStorageImpl();
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.find(key);
+    TORCH_CHECK(
+        it != entries_.end() && it->second.storage.lock().get() == key,
+        "flagos-cuda: a flash attention backward with dropout needs the RNG state of its forward, which flagos "
+        "keeps with the logsumexp that forward returned; this logsumexp did not come from a flagos forward with "
+        "dropout");
+    return {it->second.seed, it->second.offset};
+  }
+
+ private:
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    at::Tensor seed;
+    at::Tensor offset;
+  };
+  std::mutex mutex_;
+  std::unordered_map<const c10::StorageImpl*, Entry> entries_;
+};
+
+DropoutStates& dropoutStates() {
+  static DropoutStates* states = new DropoutStates(); // never destroyed: calls may run at exit
+  return *states;
 }
 
 class FlashAttentionProvider final : public KernelProvider {
@@ -78,30 +126,40 @@ class FlashAttentionProvider final : public KernelProvider {
   static void forward(const ForwardArgs& arg, const std::vector<c10::IValue>& values, Stack* stack) {
     const at::Tensor& q = values[arg.query].toTensor();
     const double dropout_p = values[arg.dropout_p].toDouble();
-    checkSupported(dropout_p, values[arg.attn_mask]);
+    checkSupported(values[arg.attn_mask]);
     c10::DeviceGuard guard(q.device());
     const ScopedNativeAlias nq(q), nk(values[arg.key].toTensor()), nv(values[arg.value].toTensor());
     auto out = at::_scaled_dot_product_flash_attention(
         nq.get(), nk.get(), nv.get(), dropout_p, values[arg.is_causal].toBool(), false,
         values[arg.scale].toOptional<double>());
     const auto index = q.device().index();
-    torch::jit::push(
-        *stack, adoptNative(std::move(std::get<0>(out)), index), adoptNative(std::move(std::get<1>(out)), index));
+    at::Tensor logsumexp = adoptNative(std::move(std::get<1>(out)), index);
+    if (dropout_p > 0.0) {
+      dropoutStates().put(logsumexp, std::move(std::get<6>(out)), std::move(std::get<7>(out)));
+    }
+    torch::jit::push(*stack, adoptNative(std::move(std::get<0>(out)), index), std::move(logsumexp));
   }
 
   static void backward(const BackwardArgs& arg, const std::vector<c10::IValue>& values, Stack* stack) {
     const at::Tensor& q = values[arg.query].toTensor();
     const at::Tensor& k = values[arg.key].toTensor();
+    const at::Tensor& logsumexp = values[arg.logsumexp].toTensor();
     const double dropout_p = values[arg.dropout_p].toDouble();
-    checkSupported(dropout_p, values[arg.attn_mask]);
+    checkSupported(values[arg.attn_mask]);
     c10::DeviceGuard guard(q.device());
     const at::Tensor none;
-    const auto empty = at::empty({0}, q.options().device(c10::Device(c10::DeviceType::CUDA, q.device().index())).dtype(at::kLong));
+    std::pair<at::Tensor, at::Tensor> rng;
+    if (dropout_p > 0.0) {
+      rng = dropoutStates().get(logsumexp);
+    } else {
+      rng.first = rng.second =
+          at::empty({0}, q.options().device(c10::Device(c10::DeviceType::CUDA, q.device().index())).dtype(at::kLong));
+    }
     const ScopedNativeAlias ng(values[arg.grad_out].toTensor()), nq(q), nk(k), nv(values[arg.value].toTensor()),
-        no(values[arg.out].toTensor()), nl(values[arg.logsumexp].toTensor());
+        no(values[arg.out].toTensor()), nl(logsumexp);
     auto grads = at::_scaled_dot_product_flash_attention_backward(
         ng.get(), nq.get(), nk.get(), nv.get(), no.get(), nl.get(), none, none, q.size(-2), k.size(-2), dropout_p,
-        values[arg.is_causal].toBool(), empty, empty, values[arg.scale].toOptional<double>());
+        values[arg.is_causal].toBool(), rng.first, rng.second, values[arg.scale].toOptional<double>());
     const auto index = q.device().index();
     torch::jit::push(
         *stack, adoptNative(std::move(std::get<0>(grads)), index), adoptNative(std::move(std::get<1>(grads)), index),
