@@ -125,6 +125,25 @@ def test_cuda_graph_capture_and_replay():
     assert torch.equal(y.cpu(), torch.relu(x @ w).cpu())
 
 
+def test_graph_replays_draw_fresh_random_numbers():
+    # flagos draws from CUDA's default generator, which capture registers with
+    # the graph: each replay draws anew, as a native capture's does.
+    torch.flagos.synchronize()
+    g = torch.flagos.CUDAGraph()
+    x = torch.ones(4096, device="flagos")
+    with torch.flagos.graph(g):
+        noise = torch.rand(4096, device="flagos")
+        dropped = torch.nn.functional.dropout(x, 0.5)
+    replays = []
+    for _ in range(2):
+        g.replay()
+        torch.flagos.synchronize()
+        replays.append((noise.cpu(), dropped.cpu()))
+    assert not torch.equal(replays[0][0], replays[1][0])
+    assert not torch.equal(replays[0][1], replays[1][1])
+    assert 0.4 < (replays[0][1] == 0).float().mean().item() < 0.6
+
+
 def test_threads_share_tensors_on_gpu():
     a = torch.randn(128, 128, device="flagos")
     b = torch.randn(128, 128, device="flagos")

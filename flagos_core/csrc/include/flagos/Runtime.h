@@ -51,6 +51,10 @@ class FLAGOS_API DeviceRuntime : public c10::impl::DeviceGuardImplInterface {
   virtual c10::Allocator* pinnedAllocator() = 0;
   virtual bool isPinnedPtr(const void* ptr) = 0;
 
+  // The device's default generator: best a NativeBackedGenerator over the
+  // native device's own default one, which native kernels draw from when an
+  // op takes no generator (dropout), so that seeding and saved states cover
+  // every draw.
   virtual const at::Generator& defaultGenerator(c10::DeviceIndex index) = 0;
   virtual at::Generator newGenerator(c10::DeviceIndex index) = 0;
   // The generator native kernels accept for a flagos generator (same state).
