@@ -1,8 +1,10 @@
-"""Many threads using the same flagos tensors at once get CPU-identical results.
+"""Many threads using the same flagos tensors at once get the native device's
+results (CPU's on the host runtime).
 
-The host provider runs CPU kernels on zero-copy aliases of flagos tensors; the
-aliasing must never touch the shared tensors themselves (their device, storage
-or metadata), however many threads read them at the same time.
+A relabel provider runs native kernels on zero-copy aliases of flagos
+tensors; the aliasing must never touch the shared tensors themselves (their
+device, storage or metadata), however many threads read them at the same
+time. The tests marked native run on the GPU too (scripts/gpu-check).
 """
 
 import gc
@@ -73,6 +75,7 @@ def _view_write(a):
     return p
 
 
+@pytest.mark.native
 def test_concurrent_ops_on_shared_tensors_match_cpu(shared, native_device):
     cpu, dev = shared
     native = {k: t.to(native_device) for k, t in cpu.items()}  # CPU on the host runtime
@@ -174,13 +177,14 @@ def test_concurrent_autograd_on_shared_weights(native_device):
     assert bad == []
 
 
-def test_per_thread_generators_are_reproducible():
+@pytest.mark.native
+def test_per_thread_generators_are_reproducible(native_device):
     def draws(device, seed):
         g = torch.Generator(device=device)
         g.manual_seed(seed)
         return [torch.randn(64, device=device, generator=g) for _ in range(10)]
 
-    expected = {tid: torch.stack(draws("cpu", 1000 + tid)) for tid in range(THREADS)}
+    expected = {tid: torch.stack(draws(native_device, 1000 + tid)).cpu() for tid in range(THREADS)}
     got = {}
 
     def work(tid):
