@@ -239,7 +239,12 @@ def mem_get_info(device=None):
 
 
 def __getattr__(name):
-    # Looked up by torch.compile's inductor only: see _inductor.py.
+    # Activation checkpointing stashes and restores a device's RNG state only
+    # where its module's `_initialized` is true (torch.cuda's lazy-init flag);
+    # read live, like is_initialized().
+    if name == "_initialized":
+        return is_initialized()
+    # Otherwise looked up by torch.compile's inductor only: see _inductor.py.
     from . import _inductor
 
     if name in _inductor.CODEGEN_NAMES:

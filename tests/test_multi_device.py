@@ -221,6 +221,30 @@ def check_each_device_has_its_own_generator():
     assert len(states) == 2 and not torch.equal(states[0], states[1])
 
 
+def check_checkpoint_restores_the_generator_of_its_inputs_device():
+    # flagos:1 owns its generator (flagos:0 shares the CPU one), so only a
+    # stash of flagos:1's state, not of the CPU's, recomputes the same mask.
+    # The mask comes from rand_like, an op that takes a generator: one that
+    # takes none (dropout) draws from CPU's on further host devices.
+    from torch.utils.checkpoint import checkpoint
+
+    for reentrant in (False, True):
+        torch.manual_seed(0)
+        w = torch.randn(16, 16, device="flagos:1", requires_grad=True)
+        x = torch.randn(4, 16, device="flagos:1", requires_grad=reentrant)
+
+        def block(inp):
+            hidden = torch.tanh(inp @ w)
+            return (hidden * (torch.rand_like(hidden) < 0.5)) @ w
+
+        torch.flagos.manual_seed_all(1)
+        block(x).square().sum().backward()
+        plain, w.grad = w.grad.clone(), None
+        torch.flagos.manual_seed_all(1)
+        checkpoint(block, x, use_reentrant=reentrant).square().sum().backward()
+        assert torch.equal(w.grad.cpu(), plain.cpu()), f"use_reentrant={reentrant}"
+
+
 def check_streams_and_events_per_device():
     assert torch.flagos.current_stream(1).device == torch.device("flagos", 1)
     s1 = torch.flagos.Stream(1)
