@@ -1,5 +1,6 @@
 """The flagos device on the host runtime behaves like CPU."""
 
+import pytest
 import torch
 
 import flagos_core
@@ -120,6 +121,19 @@ def test_module_and_tensor_methods():
     assert torch.ones(2).flagos().device.type == "flagos"
     s = torch.ones(2).untyped_storage().flagos()
     assert s.device.type == "flagos"
+
+
+def test_device_capability_is_the_native_devices():
+    if not hasattr(torch.accelerator, "get_device_capability"):
+        pytest.skip("this torch has no torch.accelerator.get_device_capability")
+    # The native device's answer (CPU's guard: every dtype); before, torch's
+    # default for a backend without one: an error.
+    caps = torch.accelerator.get_device_capability("flagos:0")["supported_dtypes"]
+    assert {torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool, torch.complex64} <= caps
+    assert caps == torch.accelerator.get_device_capability()["supported_dtypes"]
+    bad = torch.flagos.device_count() + 1
+    with pytest.raises(RuntimeError, match=f"flagos:{bad} is not a valid device"):
+        torch.accelerator.get_device_capability(bad)
 
 
 def test_device_index_out_of_range_names_the_valid_devices():

@@ -254,3 +254,18 @@ def test_raw_allocations_inside_host_kernels(clean):
     dev.zero_grad(set_to_none=True)
     gc.collect()
     assert torch.flagos.memory_allocated() == before
+
+
+@pytest.mark.skipif(not hasattr(torch.accelerator, "empty_host_cache"), reason="this torch has no empty_host_cache")
+def test_empty_host_cache_with_pinned_memory_in_use(clean):
+    # torch asks the device type's host allocator, once the device is in use
+    # (mem_get_info makes sure it is): flagos registers one, so this neither
+    # crashes nor frees pinned memory still held.
+    torch.flagos.mem_get_info()
+    host = torch.arange(4096, dtype=torch.float32).pin_memory()
+    assert host.is_pinned()
+    on_device = host.to("flagos", non_blocking=True)
+    torch.accelerator.empty_host_cache()
+    torch.flagos.synchronize()
+    assert torch.equal(on_device.cpu(), torch.arange(4096, dtype=torch.float32))
+    assert torch.equal(host, torch.arange(4096, dtype=torch.float32))

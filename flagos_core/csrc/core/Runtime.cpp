@@ -22,6 +22,12 @@ void DeviceRuntime::checkIndex(c10::DeviceIndex index) const {
       static_cast<int>(count) - 1);
 }
 
+c10::DeviceCapability DeviceRuntime::getDeviceCapability(c10::Device d) const {
+  const c10::DeviceIndex index = d.has_index() ? d.index() : getDevice().index();
+  checkIndex(index);
+  return c10::impl::getDeviceGuardImpl(nativeDeviceType())->getDeviceCapability(nativeDevice(index));
+}
+
 DeviceRuntime& activeRuntime() {
   DeviceRuntime* rt = g_active.load(std::memory_order_acquire);
   TORCH_CHECK(

@@ -73,6 +73,9 @@ struct ForwardingGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void recordDataPtrOnStream(const c10::DataPtr& data_ptr, const c10::Stream& stream) const override {
     rt().recordDataPtrOnStream(data_ptr, stream);
   }
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    return rt().getDeviceCapability(d);
+  }
   double elapsedTime(void* start, void* end, const c10::DeviceIndex index) const override {
     return rt().elapsedTime(start, end, index);
   }

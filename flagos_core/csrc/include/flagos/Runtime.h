@@ -62,6 +62,11 @@ class FLAGOS_API DeviceRuntime : public c10::impl::DeviceGuardImplInterface {
 
   virtual DeviceProperties properties(c10::DeviceIndex index) = 0;
 
+  // What torch.accelerator.get_device_capability reports (the dtypes the
+  // device supports): by default the native device's answer, since flagos
+  // runs the native device's kernels.
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override;
+
   // Error (never a crash) for an index outside [0, deviceCount()).
   void checkIndex(c10::DeviceIndex index) const;
 };
