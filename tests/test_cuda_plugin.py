@@ -84,6 +84,33 @@ def test_streams_are_cuda_streams():
     assert start.elapsed_time(end) >= 0
 
 
+def test_record_stream_keeps_memory_from_reuse_as_cuda_does():
+    # A block freed while a recorded stream's work is pending is not handed
+    # out again until that work is done; without the record, the next
+    # allocation of its size takes it at once. 64 MB: a segment of its own,
+    # and no other free block of that size once the cache is emptied.
+    def reused_at_once(device, stream, record):
+        torch.flagos.synchronize()
+        torch.flagos.empty_cache()
+        x = torch.empty(16 << 20, device=device)
+        ptr = x.data_ptr()
+        side = stream()
+        with torch.cuda.stream(side) if device == "cuda" else torch.flagos.stream(side):
+            torch.cuda._sleep(200_000_000)  # on the current CUDA stream: the side one
+            x.add_(1)
+        if record:
+            x.record_stream(side)
+        del x
+        reused = torch.empty(16 << 20, device=device).data_ptr() == ptr
+        torch.flagos.synchronize()
+        return reused
+
+    for record in (False, True):
+        native = reused_at_once("cuda", torch.cuda.Stream, record)
+        flagos = reused_at_once("flagos", torch.flagos.Stream, record)
+        assert native == flagos == (not record), (record, native, flagos)
+
+
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
 def test_sdpa_reaches_fused_kernels_forward_and_backward(tmp_path, dropout_p):
     # With dropout the masks must match as well: flagos draws from CUDA's own

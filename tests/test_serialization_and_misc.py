@@ -196,6 +196,20 @@ def test_stream_synchronization_calls():
     assert e.query() and s.query() and default.query()
 
 
+def test_record_stream_takes_flagos_streams_and_names_a_wrong_one():
+    # The core serves record_stream (the runtime's allocator tracks the
+    # allocation; the GPU test checks the memory is kept from reuse).
+    assert flagos_core.route("record_stream") == "core"
+    x = torch.ones(64, device="flagos")
+    s = torch.flagos.Stream()
+    x.record_stream(s)
+    x[8:16].record_stream(torch.flagos.current_stream())
+    torch.empty(0, device="flagos").record_stream(s)
+    with pytest.raises(RuntimeError, match="needs a flagos stream"):
+        x.record_stream(torch.Stream(device="cpu"))
+    assert torch.equal(x.cpu(), torch.ones(64))
+
+
 def _timed_work():
     a = torch.randn(256, 256, device="flagos")
     for _ in range(10):

@@ -308,6 +308,14 @@ c10::Storage flagosStorageFor(const c10::Storage& native, c10::DeviceIndex index
       c10::StorageImpl::use_byte_size_t(), impl->sym_nbytes(), std::move(wrapped), nullptr, false));
 }
 
+const c10::DataPtr& allocationOf(const c10::Storage& flagos) {
+  const c10::DataPtr& ptr = flagos.unsafeGetStorageImpl()->data_ptr();
+  if (ptr.get_deleter() == &deleteForeignStorageRef) {
+    return static_cast<ForeignStorageRef*>(ptr.get_context())->storage.unsafeGetStorageImpl()->data_ptr();
+  }
+  return ptr;
+}
+
 bool sameGeometry(const c10::TensorImpl& a, const c10::TensorImpl& b) {
   return AliasImpl::sameGeometry(a, b);
 }

@@ -24,6 +24,9 @@ std::optional<c10::Storage> aliasedFlagosStorage(const c10::Storage& native);
 // A flagos-labelled storage over `native`'s memory: relabelled in place when
 // `fresh` (made by the kernel just run, seen by nobody), else wrapped.
 c10::Storage flagosStorageFor(const c10::Storage& native, c10::DeviceIndex index, bool fresh);
+// The allocation behind a flagos storage, as its allocator made it: the
+// native storage's DataPtr where flagosStorageFor wrapped one, else its own.
+const c10::DataPtr& allocationOf(const c10::Storage& flagos);
 // A new flagos TensorImpl over `storage` with `geometry`'s sizes, strides, dtype.
 at::Tensor flagosTensorOver(c10::Storage storage, const at::Tensor& geometry);
 c10::DispatchKeySet keysFor(c10::Device device);

@@ -1,10 +1,11 @@
 // Kernels the core serves itself for every runtime: allocation (so every
-// flagos tensor comes from the active runtime's allocator) and copies
-// between flagos and other devices.
+// flagos tensor comes from the active runtime's allocator), copies between
+// flagos and other devices, and record_stream.
 
 #include <flagos/Relabel.h>
 #include <flagos/Runtime.h>
 
+#include "core/Alias.h"
 #include "core/CallConstants.h"
 
 #include <ATen/EmptyTensor.h>
@@ -92,6 +93,21 @@ at::Tensor copyFromAndResize(const at::Tensor& self, const at::Tensor& dst) {
   return copyFrom(self, dst, false);
 }
 
+// record_stream on the flagos tensor's own allocation: the runtime's
+// allocator keeps it from reuse until the stream's pending work is done.
+// Relabelled, the native record_stream would get an alias whose memory the
+// native allocator does not know as its own, and CUDA's skips such memory
+// without a word.
+void recordStream(at::Tensor& self, c10::Stream stream) {
+  TORCH_CHECK(
+      stream.device_type() == c10::DeviceType::PrivateUse1, "flagos: record_stream on a flagos tensor needs a flagos ",
+      "stream (torch.flagos.Stream, torch.flagos.current_stream()), got ", stream);
+  if (!self.has_storage()) {
+    return;
+  }
+  detail::callConstants().runtime->recordDataPtrOnStream(detail::allocationOf(self.storage()), stream);
+}
+
 } // namespace
 } // namespace flagos
 
@@ -113,4 +129,5 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("copy_", TORCH_FN(flagos::copyInPlace));
   m.impl("_copy_from", TORCH_FN(flagos::copyFrom));
   m.impl("_copy_from_and_resize", TORCH_FN(flagos::copyFromAndResize));
+  m.impl("record_stream", TORCH_FN(flagos::recordStream));
 }
