@@ -233,6 +233,14 @@ def empty_cache():
     _C._empty_cache()
 
 
+def memory_summary(device=None, abbreviated=False):
+    """The allocator's statistics for `device` as a printable table."""
+    from ._memory_summary import format_summary
+
+    index = _index(device)
+    return format_summary(memory_stats(index), f"flagos:{index} memory ({_C._runtime_name()} runtime)", abbreviated)
+
+
 def mem_get_info(device=None):
     """(free, total) bytes of the device's memory."""
     return tuple(_C._mem_get_info(_index(device)))

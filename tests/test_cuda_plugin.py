@@ -67,6 +67,21 @@ def test_memory_is_the_shared_cuda_pool():
     assert torch.flagos.memory_reserved() == torch.cuda.memory_reserved()
 
 
+def test_cuda_memory_functions_cover_flagos_memory():
+    x = torch.empty(64 << 20, dtype=torch.uint8, device="flagos")
+    assert torch.flagos.memory_summary() == torch.cuda.memory_summary()
+    segments = torch.flagos.memory_snapshot()
+    assert any(s["address"] <= x.data_ptr() < s["address"] + s["total_size"] for s in segments)
+    total = torch.flagos.get_device_properties(0).total_memory
+    torch.flagos.set_per_process_memory_fraction(0.5)
+    try:
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(int(total * 0.6), dtype=torch.uint8, device="flagos")
+    finally:
+        torch.flagos.set_per_process_memory_fraction(1.0)
+    del x
+
+
 def test_streams_are_cuda_streams():
     s = torch.flagos.Stream()
     native = torch.cuda.Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=1)

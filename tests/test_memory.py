@@ -269,3 +269,17 @@ def test_empty_host_cache_with_pinned_memory_in_use(clean):
     torch.flagos.synchronize()
     assert torch.equal(on_device.cpu(), torch.arange(4096, dtype=torch.float32))
     assert torch.equal(host, torch.arange(4096, dtype=torch.float32))
+
+
+def test_memory_summary_tabulates_memory_stats(clean):
+    x = torch.empty(3 * MB, dtype=torch.uint8, device="flagos")
+    summary = torch.flagos.memory_summary()
+    stats = torch.flagos.memory_stats()
+    assert summary == torch.flagos.memory_summary(0) == torch.flagos.memory_summary("flagos:0")
+    rows = {line[:28].strip(): line[28:].split() for line in summary.splitlines()[3:-2]}
+    assert rows["allocated memory"][:2] == [f"{stats['allocated_bytes.all.current'] / MB:.2f}", "MiB"]
+    assert rows["allocations"] == [str(stats[f"allocation.all.{c}"]) for c in ("current", "peak", "allocated", "freed")]
+    assert "flagos:0" in summary.splitlines()[1]
+    with pytest.raises(RuntimeError, match="is not a valid device"):
+        torch.flagos.memory_summary(torch.flagos.device_count())
+    del x

@@ -72,7 +72,7 @@ def flagos_extend_device_module(module, runtime):
         return
     import flagos_core
 
-    from . import graphs, jiterator
+    from . import graphs, jiterator, memory
 
     # flagos runs CUDA's kernels, so torch.autocast("flagos") casts by CUDA's
     # policy lists: the same dtypes, the same kernels, the same results.
@@ -82,3 +82,4 @@ def flagos_extend_device_module(module, runtime):
     module.graph = graphs.graph
     module.graph_pool_handle = graphs.graph_pool_handle
     module.make_graphed_callables = torch.cuda.make_graphed_callables
+    memory.install(module)
