@@ -61,11 +61,31 @@ at::Tensor emptyStrided(
   return t;
 }
 
+bool shareOneStorage(const at::Tensor& a, const at::Tensor& b) {
+  return a.device().type() == c10::DeviceType::PrivateUse1 && b.device().type() == c10::DeviceType::PrivateUse1 &&
+      a.has_storage() && b.has_storage() && a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
+}
+
+// The native copy_ from `src` into `dst`, flagos tensors over one storage:
+// their aliases share one native storage too, so copy_'s overlap check sees
+// what it sees natively (pooled aliases each have their own).
+void copyWithinOneStorage(const detail::CallConstants& c, const at::Tensor& dst, const at::Tensor& src, bool non_blocking) {
+  at::Tensor dst_native = nativeAliasOf(dst);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(dst_native.storage()), detail::keysFor(dst_native.device()), src.dtype());
+  detail::copyGeometry(*src.unsafeGetTensorImpl(), *impl);
+  at::_ops::copy_::redispatch(c.native_keys, dst_native, at::Tensor(std::move(impl)), non_blocking);
+}
+
 // Copies run as the native device's copy_ on aliases: memcpy for host,
 // cudaMemcpyAsync for CUDA, with dtype/layout conversion included.
 at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   const at::Tensor& flagos_side = dst.device().type() == c10::DeviceType::PrivateUse1 ? dst : self;
   c10::DeviceGuard guard(flagos_side.device());
+  if (C10_UNLIKELY(shareOneStorage(dst, self))) {
+    copyWithinOneStorage(detail::callConstants(), dst, self, non_blocking);
+    return dst;
+  }
   at::Tensor dst_native = nativeAliasOf(dst);
   dst_native.copy_(nativeAliasOf(self), non_blocking);
   return dst;
@@ -80,6 +100,10 @@ at::Tensor& copyInPlace(at::Tensor& self, const at::Tensor& src, bool non_blocki
   const c10::Device device = self.device().type() == c10::DeviceType::PrivateUse1 ? self.device() : src.device();
   c10::OptionalDeviceGuard guard;
   detail::makeCurrent(c, guard, device);
+  if (C10_UNLIKELY(shareOneStorage(self, src))) {
+    copyWithinOneStorage(c, self, src, non_blocking);
+    return self;
+  }
   const ScopedNativeAlias dst(self);
   const ScopedNativeAlias from(src);
   at::_ops::copy_::redispatch(c.native_keys, const_cast<at::Tensor&>(dst.get()), from.get(), non_blocking);

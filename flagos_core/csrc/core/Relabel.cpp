@@ -125,6 +125,9 @@ void RelabelProvider::call(
   }
 
   // Factory overloads carry the device as an argument instead of a tensor.
+  if (info.writes) {
+    state.shareStorages(~uint64_t{0}); // any group of aliases with one storage, in a call that writes
+  }
   for (size_t i : device_args) {
     c10::Device d = (*stack)[first + i].toDevice();
     if (!d.has_index()) {

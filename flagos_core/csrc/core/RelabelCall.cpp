@@ -2,6 +2,8 @@
 
 #include "core/Alias.h"
 
+#include <unordered_map>
+
 namespace flagos::detail {
 
 namespace {
@@ -40,6 +42,9 @@ c10::DeviceIndex CallState::settleDeviceSlowly(c10::OptionalDeviceGuard& guard) 
 }
 
 CallState::~CallState() {
+  if (C10_UNLIKELY(shared)) {
+    restoreStorages(aliases.data(), aliases.size());
+  }
   for (Alias& a : aliases) {
     recycleAlias(pool, std::move(a.pooled), a.native_storage);
   }
@@ -69,6 +74,118 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, size_t arg, 
   // A borrow copies the TensorImpl pointer, not a reference to the vector's
   // element, so it stays valid if `aliases` grows; the entry owns the alias.
   return c10::MaybeOwned<at::Tensor>::borrowed(aliases.back().pooled);
+}
+
+namespace {
+
+const c10::StorageImpl* flagosStorageOf(const Alias& a) {
+  return a.original->unsafe_storage().unsafeGetStorageImpl();
+}
+
+bool isWrittenAlias(const Alias& a, uint64_t written) {
+  return a.arg >= 64 || ((written >> a.arg) & 1) != 0;
+}
+
+// `to` takes `from`'s native storage for the call; its own waits in `displaced`.
+void shareStorage(const Alias& from, Alias& to) {
+  if (to.native->unsafe_storage().unsafeGetStorageImpl() == from.native->unsafe_storage().unsafeGetStorageImpl()) {
+    return;
+  }
+  to.displaced = to.native->storage();
+  to.native->set_storage_keep_dtype(from.native->storage());
+}
+
+} // namespace
+
+bool shareWithWritten(Alias* aliases, size_t count, size_t written) {
+  bool any = false;
+  const c10::StorageImpl* storage = flagosStorageOf(aliases[written]);
+  for (size_t i = 0; i < count; ++i) {
+    if (i != written && aliases[i].original != nullptr && flagosStorageOf(aliases[i]) == storage) {
+      shareStorage(aliases[written], aliases[i]);
+      any = true;
+    }
+  }
+  return any;
+}
+
+namespace {
+
+// Whether two of the aliases come from one flagos storage: pairwise for a
+// few, else through an open-addressing set of storages (a call may pass
+// hundreds of tensors, an optimizer's lists), on the stack up to 128.
+bool anyStorageTwice(const Alias* aliases, size_t count) {
+  if (count <= 8) {
+    for (size_t i = 1; i < count; ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (flagosStorageOf(aliases[i]) == flagosStorageOf(aliases[j])) {
+          return true;
+        }
+      }
+    }
+    return false;
+  }
+  size_t slots = 32;
+  while (slots < 2 * count) {
+    slots *= 2;
+  }
+  c10::SmallVector<const c10::StorageImpl*, 256> seen(slots, nullptr);
+  for (size_t i = 0; i < count; ++i) {
+    const c10::StorageImpl* storage = flagosStorageOf(aliases[i]);
+    for (size_t h = (reinterpret_cast<uintptr_t>(storage) >> 4) * 0x9E3779B97F4A7C15ull >> 40;; ++h) {
+      const c10::StorageImpl*& slot = seen[h & (slots - 1)];
+      if (slot == nullptr) {
+        slot = storage;
+        break;
+      }
+      if (slot == storage) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+} // namespace
+
+bool shareStorages(Alias* aliases, size_t count, uint64_t written) {
+  if (C10_LIKELY(!anyStorageTwice(aliases, count))) {
+    return false;
+  }
+  // Rare: group by storage (each storage's first alias, and whether any of
+  // its aliases is written), then share within the groups that are written.
+  struct Group {
+    size_t first;
+    bool written;
+  };
+  std::unordered_map<const c10::StorageImpl*, Group> groups;
+  for (size_t i = 0; i < count; ++i) {
+    auto [it, fresh] = groups.try_emplace(flagosStorageOf(aliases[i]), Group{i, false});
+    it->second.written = it->second.written || isWrittenAlias(aliases[i], written);
+  }
+  bool any = false;
+  for (size_t i = 0; i < count; ++i) {
+    const Group& g = groups.at(flagosStorageOf(aliases[i]));
+    if (g.written && g.first != i) {
+      shareStorage(aliases[g.first], aliases[i]);
+      any = true;
+    }
+  }
+  return any;
+}
+
+void restoreStorages(Alias* aliases, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    Alias& a = aliases[i];
+    if (a.displaced) {
+      c10::Storage own = std::move(a.displaced);
+      a.displaced = c10::Storage();
+      if (a.native->unsafe_storage().unsafeGetStorageImpl() != own.unsafeGetStorageImpl() &&
+          a.native->unsafe_storage().data_ptr().get_context() == own.data_ptr().get_context()) {
+        a.native->set_storage_keep_dtype(std::move(own));
+      }
+    }
+  }
 }
 
 void carryOverChange(const Alias& a, c10::DeviceIndex index, c10::ArrayRef<const c10::StorageImpl*> foreign) {

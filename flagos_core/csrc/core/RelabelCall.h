@@ -33,7 +33,23 @@ struct Alias {
   c10::TensorImpl* original;
   const c10::StorageImpl* native_storage; // as made, before the kernel ran
   size_t arg; // the argument's index in the schema
+  // The alias's own storage while it uses another alias's (shareStorages).
+  c10::Storage displaced;
 };
+
+// Where a call's flagos tensors share a storage, their aliases share one
+// native storage for the call (each pooled alias has its own otherwise), so
+// the native kernel sees what it would natively: its overlap checks raise for
+// an output that overlaps an input, is_alias_of holds. Only calls that write
+// need it; `written` (bit i: argument i; arguments past the 64th always)
+// says which aliases are written: in a group with none, nothing changes.
+// Returns whether any alias now uses another's storage.
+bool shareStorages(Alias* aliases, size_t count, uint64_t written);
+// The same for one written alias against the others (the short path).
+bool shareWithWritten(Alias* aliases, size_t count, size_t written);
+// Before recycling: each alias gets its own storage back, unless the kernel
+// re-pointed it meanwhile.
+void restoreStorages(Alias* aliases, size_t count);
 
 // A native result that a kernel did not make for this call alone, as a
 // flagos tensor: an argument handed back (its original), a view of one (over
@@ -75,6 +91,7 @@ struct CallState {
   AliasPool* pool = nullptr; // this thread's, looked up with the first alias
   c10::SmallVector<const c10::StorageImpl*, 4> foreign_storages;
   c10::SmallVector<at::Tensor, 2> kept; // originals nobody else holds for the call
+  bool shared = false; // some alias uses another's storage (shareStorages)
 
   CallState(const c10::OperatorHandle& op, const OpSlotInfo& info, const CallConstants& consts)
       : op(op), info(info), consts(consts), rt(*consts.runtime) {}
@@ -110,6 +127,13 @@ struct CallState {
       return device->index(); // the only device is the current one: no query
     }
     return settleDeviceSlowly(guard);
+  }
+
+  // Once the arguments are converted, for a call that writes.
+  void shareStorages(uint64_t written) {
+    if (aliases.size() > 1) {
+      shared = detail::shareStorages(aliases.data(), aliases.size(), written);
+    }
   }
 
   // For written arguments (in-place, out=): carry a resize or re-pointing

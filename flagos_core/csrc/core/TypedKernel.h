@@ -227,10 +227,14 @@ template <size_t N>
 struct ShortAliases {
   detail::AliasPool* pool;
   detail::Alias entries[N]{};
+  bool shared = false; // some alias uses the written one's storage
   explicit ShortAliases(detail::AliasPool* p) : pool(p) {}
   ShortAliases(const ShortAliases&) = delete;
   ShortAliases& operator=(const ShortAliases&) = delete;
   ~ShortAliases() {
+    if (C10_UNLIKELY(shared)) {
+      detail::restoreStorages(entries, N);
+    }
     for (detail::Alias& a : entries) {
       detail::recycleAlias(pool, std::move(a.pooled), a.native_storage);
     }
@@ -359,10 +363,13 @@ struct SharedKernel<R(A...)> {
       return native.redispatch(c.native_keys, passShort<A, kOrdinal[I]>(args, aliases)...);
     };
     if constexpr (std::is_same_v<R, at::Tensor&>) {
+      constexpr size_t kWritten = writtenArgument<A...>();
+      if constexpr (sizeof...(A) > 1 && (size_t{kShortTensor<A>} + ...) > 1) {
+        aliases.shared = detail::shareWithWritten(aliases.entries, sizeof(aliases.entries) / sizeof(aliases.entries[0]), kOrdinal[kWritten]);
+      }
       // In-place or out=: the kernel wrote through the alias; a resize or
       // re-pointing goes over to the flagos tensor, which is the result.
       call_native();
-      constexpr size_t kWritten = writtenArgument<A...>();
       detail::writeBack(aliases.entries[kOrdinal[kWritten]], index, {});
       return std::get<kWritten>(std::forward_as_tuple(args...));
     } else {
@@ -414,6 +421,9 @@ struct SharedKernel<R(A...)> {
   static R run(CallState& state, RelabelProvider& provider, const Overload& overload, std::index_sequence<I...>, A... args) {
     // Braced initialisation: arguments convert left to right, as in the schema.
     std::tuple<typename Arg<A>::Held...> held{Arg<A>::convert(state, args, I)...};
+    if (overload.written != 0) {
+      state.shareStorages(overload.written);
+    }
     c10::OptionalDeviceGuard guard;
     const c10::DeviceIndex index = state.settleDevice(guard);
     auto call_native = [&]() -> decltype(auto) {
