@@ -43,6 +43,19 @@ def _lazy_init():
     pass
 
 
+def init():
+    """As torch.cuda.init: the runtime is ready once flagos_core is imported."""
+
+
+OutOfMemoryError = torch.OutOfMemoryError
+
+
+def is_bf16_supported(including_emulation=True):
+    """Whether bfloat16 tensors compute on flagos: its native device's answer
+    (CPU's kernels take bfloat16; a plugin may answer for its device)."""
+    return True
+
+
 def device_count():
     return _C._device_count()
 
@@ -132,6 +145,12 @@ class Event:
 
 def current_stream(device=None):
     return torch.accelerator.current_stream(torch.device(_BACKEND, _index(device)))
+
+
+def default_stream(device=None):
+    """The device's default stream (id 0, as CUDA's)."""
+    index = _index(device)
+    return torch.Stream(stream_id=0, device_index=index, device_type=current_stream(index).device_type)
 
 
 def set_stream(stream):

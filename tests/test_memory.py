@@ -283,3 +283,22 @@ def test_memory_summary_tabulates_memory_stats(clean):
     with pytest.raises(RuntimeError, match="is not a valid device"):
         torch.flagos.memory_summary(torch.flagos.device_count())
     del x
+
+
+@pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="the host runtime's allocator")
+def test_out_of_memory_is_torch_out_of_memory_error_after_releasing_the_cache(clean):
+    # As CUDA's allocator: cached blocks go back to the system and the
+    # allocation is tried once more before it fails, as torch.OutOfMemoryError
+    # (what batch-size finders catch), counted in num_ooms.
+    cached = torch.empty(4 * MB, dtype=torch.uint8, device="flagos")
+    del cached
+    before = torch.flagos.memory_stats()
+    assert before["reserved_bytes.all.current"] >= 4 * MB
+    with pytest.raises(torch.flagos.OutOfMemoryError, match="flagos:0 .*out of memory"):
+        torch.empty(1 << 50, dtype=torch.uint8, device="flagos")  # beyond any address space
+    after = torch.flagos.memory_stats()
+    assert after["num_ooms"] == before["num_ooms"] + 1
+    assert after["num_alloc_retries"] == before["num_alloc_retries"] + 1
+    assert after["reserved_bytes.all.current"] == after["allocated_bytes.all.current"]
+    assert torch.flagos.OutOfMemoryError is torch.OutOfMemoryError
+    assert torch.equal(torch.ones(3, device="flagos").cpu(), torch.ones(3))

@@ -183,6 +183,19 @@ def test_stream_context_sets_and_restores_current_stream():
     assert torch.flagos.current_stream() == default
 
 
+def test_default_stream_and_cuda_style_helpers():
+    default = torch.flagos.default_stream()
+    assert default == torch.flagos.current_stream() and default.stream_id == 0
+    with torch.flagos.stream(torch.flagos.Stream()):
+        assert torch.flagos.current_stream() != torch.flagos.default_stream(0)
+    with pytest.raises(RuntimeError, match="is not a valid device"):
+        torch.flagos.default_stream(torch.flagos.device_count())
+    torch.flagos.init()
+    assert torch.flagos.is_bf16_supported()
+    x = torch.randn(8, dtype=torch.bfloat16)
+    assert torch.equal((x.to("flagos") * 3).cpu(), x * 3)
+
+
 def test_stream_synchronization_calls():
     s = torch.flagos.Stream()
     default = torch.flagos.current_stream()

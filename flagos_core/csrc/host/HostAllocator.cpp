@@ -93,6 +93,26 @@ struct HostCachingAllocator::Pool {
     releaseLocked(found->second);
     return true;
   }
+
+  // Every free block back to the system (the caller holds the lock).
+  void releaseCachedLocked() {
+    auto release = [&](std::vector<Block*>& blocks) {
+      for (Block* block : blocks) {
+        by_data.erase(block->data);
+        update(stats.reserved_bytes, -static_cast<int64_t>(block->size));
+        update(stats.segment, -1);
+        std::free(block); // the header starts the allocation
+      }
+      blocks.clear();
+    };
+    for (auto& blocks : small_free) {
+      release(blocks);
+    }
+    for (auto& [size, blocks] : large_free) {
+      release(blocks);
+    }
+    large_free.clear();
+  }
 };
 
 namespace {
@@ -148,7 +168,20 @@ c10::DataPtr HostCachingAllocator::allocateOn(size_t nbytes, c10::DeviceIndex in
     free_list.pop_back();
   } else {
     void* raw = std::aligned_alloc(kAlignment, kHeader + size);
-    TORCH_CHECK(raw != nullptr, "flagos: host device out of memory allocating ", size, " bytes");
+    if (C10_UNLIKELY(raw == nullptr)) {
+      // As CUDA's allocator: the cached free blocks go back, then one retry.
+      pool.releaseCachedLocked();
+      ++pool.stats.num_alloc_retries;
+      raw = std::aligned_alloc(kAlignment, kHeader + size);
+    }
+    if (C10_UNLIKELY(raw == nullptr)) {
+      ++pool.stats.num_ooms;
+      TORCH_CHECK_WITH(
+          OutOfMemoryError, false, "flagos: flagos:", static_cast<int>(index), " (host runtime) is out of memory: ",
+          "tried to allocate ", size, " bytes with ",
+          pool.stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].current,
+          " bytes in use by flagos tensors on it; host RAM is its memory (torch.flagos.mem_get_info)");
+    }
     block = new (raw) Block{static_cast<char*>(raw) + kHeader, size, 0, &pool};
     pool.by_data.emplace(block->data, block);
     update(pool.stats.reserved_bytes, static_cast<int64_t>(size));
@@ -170,22 +203,7 @@ void HostCachingAllocator::copy_data(void* dest, const void* src, std::size_t co
 void HostCachingAllocator::emptyCache(c10::MempoolId_t /*pool*/) {
   for (auto& pool : pools_) {
     std::lock_guard<std::mutex> lock(pool->mutex);
-    auto release = [&](std::vector<Block*>& blocks) {
-      for (Block* block : blocks) {
-        pool->by_data.erase(block->data);
-        update(pool->stats.reserved_bytes, -static_cast<int64_t>(block->size));
-        update(pool->stats.segment, -1);
-        std::free(block); // the header starts the allocation
-      }
-      blocks.clear();
-    };
-    for (auto& blocks : pool->small_free) {
-      release(blocks);
-    }
-    for (auto& [size, blocks] : pool->large_free) {
-      release(blocks);
-    }
-    pool->large_free.clear();
+    pool->releaseCachedLocked();
   }
 }
 

@@ -83,3 +83,5 @@ def flagos_extend_device_module(module, runtime):
     module.graph_pool_handle = graphs.graph_pool_handle
     module.make_graphed_callables = torch.cuda.make_graphed_callables
     memory.install(module)
+    module.is_bf16_supported = torch.cuda.is_bf16_supported
+    module.is_current_stream_capturing = torch.cuda.is_current_stream_capturing
