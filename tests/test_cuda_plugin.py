@@ -91,6 +91,8 @@ def test_streams_are_cuda_streams():
         x = torch.ones(1024, device="flagos") * 3
     s.synchronize()
     assert x.sum().item() == 3 * 1024
+    if hasattr(torch.Stream, "native_handle"):  # torch 2.11+: the same cudaStream_t
+        assert s.native_handle == native.cuda_stream
     start, end = torch.flagos.Event(enable_timing=True), torch.flagos.Event(enable_timing=True)
     start.record()
     torch.ones(1 << 20, device="flagos").mul_(2)

@@ -190,6 +190,11 @@ def test_default_stream_and_cuda_style_helpers():
         assert torch.flagos.current_stream() != torch.flagos.default_stream(0)
     with pytest.raises(RuntimeError, match="is not a valid device"):
         torch.flagos.default_stream(torch.flagos.device_count())
+    if hasattr(torch.Stream, "native_handle"):  # the native device's answer: CPU streams have none
+        with pytest.raises(RuntimeError, match="native handle"):
+            torch.flagos.current_stream().native_handle  # noqa: B018
+        with pytest.raises(RuntimeError, match="native handle"):
+            torch.Stream(device="cpu").native_handle  # noqa: B018
     torch.flagos.init()
     assert torch.flagos.is_bf16_supported()
     x = torch.randn(8, dtype=torch.bfloat16)

@@ -28,6 +28,14 @@ c10::DeviceCapability DeviceRuntime::getDeviceCapability(c10::Device d) const {
   return c10::impl::getDeviceGuardImpl(nativeDeviceType())->getDeviceCapability(nativeDevice(index));
 }
 
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 11
+void* DeviceRuntime::getStreamNativeHandle(const c10::Stream stream) const {
+  checkIndex(stream.device_index());
+  return c10::impl::getDeviceGuardImpl(nativeDeviceType())
+      ->getStreamNativeHandle(c10::Stream(c10::Stream::UNSAFE, nativeDevice(stream.device_index()), stream.id()));
+}
+#endif
+
 DeviceRuntime& activeRuntime() {
   DeviceRuntime* rt = g_active.load(std::memory_order_acquire);
   TORCH_CHECK(

@@ -76,6 +76,11 @@ struct ForwardingGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
     return rt().getDeviceCapability(d);
   }
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 11
+  void* getStreamNativeHandle(const c10::Stream stream) const override {
+    return rt().getStreamNativeHandle(stream);
+  }
+#endif
   double elapsedTime(void* start, void* end, const c10::DeviceIndex index) const override {
     return rt().elapsedTime(start, end, index);
   }

@@ -10,6 +10,7 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DispatchKey.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/version.h>
 
 #include <memory>
 #include <string>
@@ -66,6 +67,12 @@ class FLAGOS_API DeviceRuntime : public c10::impl::DeviceGuardImplInterface {
   // device supports): by default the native device's answer, since flagos
   // runs the native device's kernels.
   c10::DeviceCapability getDeviceCapability(c10::Device d) const override;
+
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 11
+  // What torch.Stream.native_handle gives for a flagos stream: by default the
+  // native device's handle of the same stream (a cudaStream_t on CUDA).
+  void* getStreamNativeHandle(const c10::Stream stream) const override;
+#endif
 
   // Error (never a crash) for an index outside [0, deviceCount()).
   void checkIndex(c10::DeviceIndex index) const;
