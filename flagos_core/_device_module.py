@@ -180,6 +180,12 @@ def _generator(device=None):
     return _C._default_generator(_index(device))
 
 
+def _get_generator(device):
+    """The default generator of `device` (torch.cuda's private helper, which
+    torch's compile stack asks device modules for)."""
+    return _generator(device)
+
+
 def manual_seed(seed):
     _generator().manual_seed(int(seed))
 
@@ -271,6 +277,8 @@ def __getattr__(name):
     # read live, like is_initialized().
     if name == "_initialized":
         return is_initialized()
+    if name == "default_generators":  # as torch.cuda's: one per device, made once by the runtime
+        return tuple(_generator(i) for i in range(device_count()))
     # Otherwise looked up by torch.compile's inductor only: see _inductor.py.
     from . import _inductor
 

@@ -65,3 +65,17 @@ def test_checkpoint_recomputes_dropout_with_the_same_mask(reentrant):
     torch.manual_seed(1)
     checkpoint(block, x, use_reentrant=reentrant).square().sum().backward()
     assert torch.equal(w.grad.cpu(), plain.cpu())
+
+
+def test_default_generators_are_the_devices_default_ones():
+    # torch.cuda.default_generators' counterpart: seeding one seeds what
+    # flagos draws from.
+    gens = torch.flagos.default_generators
+    assert len(gens) == torch.flagos.device_count()
+    assert gens[0].device == torch.device("flagos", 0)
+    gens[0].manual_seed(7)
+    a = torch.randn(5, device="flagos")
+    torch.flagos.manual_seed(7)
+    b = torch.randn(5, device="flagos")
+    assert torch.equal(a.cpu(), b.cpu()) and gens[0].initial_seed() == 7
+    assert torch.flagos._get_generator(torch.device("flagos", 0)).initial_seed() == 7
