@@ -100,6 +100,9 @@ void shareStorage(const Alias& from, Alias& to) {
 bool shareWithWritten(Alias* aliases, size_t count, size_t written) {
   bool any = false;
   const c10::StorageImpl* storage = flagosStorageOf(aliases[written]);
+  if (storage == nullptr) {
+    return false;
+  }
   for (size_t i = 0; i < count; ++i) {
     if (i != written && aliases[i].original != nullptr && flagosStorageOf(aliases[i]) == storage) {
       shareStorage(aliases[written], aliases[i]);
@@ -118,7 +121,7 @@ bool anyStorageTwice(const Alias* aliases, size_t count) {
   if (count <= 8) {
     for (size_t i = 1; i < count; ++i) {
       for (size_t j = 0; j < i; ++j) {
-        if (flagosStorageOf(aliases[i]) == flagosStorageOf(aliases[j])) {
+        if (flagosStorageOf(aliases[i]) == flagosStorageOf(aliases[j]) && flagosStorageOf(aliases[i]) != nullptr) {
           return true;
         }
       }
@@ -160,12 +163,19 @@ bool shareStorages(Alias* aliases, size_t count, uint64_t written) {
   };
   std::unordered_map<const c10::StorageImpl*, Group> groups;
   for (size_t i = 0; i < count; ++i) {
-    auto [it, fresh] = groups.try_emplace(flagosStorageOf(aliases[i]), Group{i, false});
+    if (flagosStorageOf(aliases[i]) == nullptr) {
+      continue;
+    }
+    auto it = groups.try_emplace(flagosStorageOf(aliases[i]), Group{i, false}).first;
     it->second.written = it->second.written || isWrittenAlias(aliases[i], written);
   }
   bool any = false;
   for (size_t i = 0; i < count; ++i) {
-    const Group& g = groups.at(flagosStorageOf(aliases[i]));
+    auto found = groups.find(flagosStorageOf(aliases[i]));
+    if (found == groups.end()) {
+      continue;
+    }
+    const Group& g = found->second;
     if (g.written && g.first != i) {
       shareStorage(aliases[g.first], aliases[i]);
       any = true;
