@@ -364,8 +364,17 @@ struct SharedKernel<R(A...)> {
     };
     if constexpr (std::is_same_v<R, at::Tensor&>) {
       constexpr size_t kWritten = writtenArgument<A...>();
-      if constexpr (sizeof...(A) > 1 && (size_t{kShortTensor<A>} + ...) > 1) {
-        aliases.shared = detail::shareWithWritten(aliases.entries, sizeof(aliases.entries) / sizeof(aliases.entries[0]), kOrdinal[kWritten]);
+      constexpr size_t kTensors = (size_t{kShortTensor<A>} + ...);
+      if constexpr (kTensors > 1) {
+        // The written tensor over another one's storage: rare, out of line.
+        const c10::StorageImpl* written = aliases.entries[kOrdinal[kWritten]].original->unsafe_storage().unsafeGetStorageImpl();
+        bool same = false;
+        for (size_t i = 0; i < kTensors; ++i) {
+          same |= i != kOrdinal[kWritten] && aliases.entries[i].original->unsafe_storage().unsafeGetStorageImpl() == written;
+        }
+        if (C10_UNLIKELY(same)) {
+          aliases.shared = detail::shareWithWritten(aliases.entries, kTensors, kOrdinal[kWritten]);
+        }
       }
       // In-place or out=: the kernel wrote through the alias; a resize or
       // re-pointing goes over to the flagos tensor, which is the result.
