@@ -70,8 +70,16 @@ def _outcome(device, case):
     return "values", a.cpu().tolist()
 
 
+# CPU's foreach checks each index's tensors as separate in-place calls do;
+# CUDA's fused foreach checks no overlap across a list's tensors and races on
+# it, so there the outcome is not defined.
+CPU_ONLY = {"foreach over many views, overlapping"}
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_one_storage_in_one_call_as_natively(case, native_device):
+    if case in CPU_ONLY and torch.device(native_device).type != "cpu":
+        pytest.skip("no defined outcome on this native device")
     assert _outcome("flagos", case) == _outcome(native_device, case)
 
 
