@@ -25,7 +25,7 @@ from . import _conf  # noqa: E402
 from . import _native_backward  # noqa: E402
 from ._conf import ConfError, load_conf  # noqa: E402
 
-__version__ = "0.1.2"
+__version__ = "0.1.3"
 __all__ = [
     "runtime", "plugins", "providers", "route", "route_layer", "set_route", "clear_route", "routes", "trace",
     "ConfError", "load_conf", "register_python_provider", "as_native", "from_native", "use_autocast_policies",
