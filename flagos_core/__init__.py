@@ -23,6 +23,7 @@ from ._trace import trace
 from . import _plugins  # noqa: E402
 from . import _conf  # noqa: E402
 from . import _native_backward  # noqa: E402
+from . import _distributed  # noqa: E402
 from ._conf import ConfError, load_conf  # noqa: E402
 
 __version__ = "0.1.3"
@@ -54,6 +55,7 @@ def _setup():
     _keep_parameters_when_moving_modules()
     _let_autograd_threads_finish_at_exit()
     _native_backward.install()  # a clear error where PyTorch's engine cannot run a native backward
+    _distributed.install()  # collectives on flagos tensors through the native device's backend
     _conf.configure(_PLUGINS.confs())  # routing confs and FLAGOS_LOG_DISPATCH; raises ConfError
 
 

@@ -4,6 +4,7 @@
 #include <flagos/Runtime.h>
 
 #include "core/Autocast.h"
+#include "core/Collectives.h"
 #include "host/HostRuntime.h"
 #include "python/CrashBacktrace.h"
 #include "python/PythonProvider.h"
@@ -78,6 +79,7 @@ PYBIND11_MODULE(_C, m) {
                 c10::DeviceTypeName(activeRuntime().nativeDeviceType(), true), " tensor, got ", t.device());
     return adoptNative(t, static_cast<c10::DeviceIndex>(index));
   });
+  m.def("_serve_collectives", &serveCollectives);
   m.def("_use_autocast_policies", &useAutocastPolicies);
   m.def("_autocast_policies", &autocastPolicies);
   m.def("_has_runtime", &hasActiveRuntime);

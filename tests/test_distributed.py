@@ -1,0 +1,66 @@
+"""torch.distributed on flagos tensors: every collective and DDP training
+through the native device's backend, bitwise equal to the native device's
+results (tests/distributed_ranks.py runs each rank)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import flagos_core
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="this torch has no torch.distributed")
+
+RANKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "distributed_ranks.py")
+COLLECTIVES = [
+    "all_reduce", "all_reduce_max_int64", "broadcast", "all_gather", "all_gather_into_tensor",
+    "reduce_scatter_tensor", "reduce", "gather_scatter", "all_to_all_single", "async_work_and_future",
+    "functional_collectives", "all_reduce_then_copy_into_a_view", "barrier", "ddp", "ddp_allreduce_hook",
+]
+
+
+def run_ranks(tmp_path, world, backend):
+    init_file = tmp_path / "init"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, RANKS, str(rank), str(world), str(init_file), backend],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        for rank in range(world)
+    ]
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"a rank failed:\n{out}\n{err[-3000:]}"
+        outputs.append([line.split()[1] for line in out.splitlines() if line.startswith("ok ")])
+    return outputs
+
+
+def native_backend():
+    return dist.Backend.default_device_backend_map[flagos_core._C._native_device_type()]
+
+
+def test_flagos_takes_the_native_devices_backend():
+    assert dist.Backend.default_device_backend_map["flagos"] == native_backend()
+    assert "flagos" in dist.Backend.backend_capability[native_backend()]
+
+
+@pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="two ranks on one GPU: NCCL needs a GPU each")
+def test_two_ranks_collectives_and_ddp_equal_the_native_device(tmp_path):
+    outputs = run_ranks(tmp_path, 2, native_backend())
+    after = COLLECTIVES.index("all_to_all_single") + 1
+    assert outputs == [COLLECTIVES[:after] + ["send_recv"] + COLLECTIVES[after:]] * 2
+
+
+@pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="two ranks on one GPU: NCCL needs a GPU each")
+def test_default_backend_for_the_flagos_accelerator(tmp_path):
+    assert run_ranks(tmp_path, 2, "default") == [["default_backend_all_reduce", "default_backend_barrier"]] * 2
+
+
+@pytest.mark.native
+def test_one_rank_collectives_and_ddp_equal_the_native_device(tmp_path):
+    assert run_ranks(tmp_path, 1, native_backend()) == [COLLECTIVES]
