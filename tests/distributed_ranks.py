@@ -1,5 +1,5 @@
 """One rank of a torch.distributed group for test_distributed.py: every
-collective and a DistributedDataParallel training run on flagos tensors and
+collective, DistributedDataParallel and FSDP2 training on flagos tensors and
 on the native device's, compared bitwise. Prints `ok NAME` per check, and
 exits non-zero at the first mismatch.
 
@@ -159,6 +159,31 @@ def ddp_training(rank, hook):
     return on_both(train)
 
 
+def fsdp2_training(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    def train(device):
+        torch.manual_seed(0)
+        # Built on the CPU: fully_shard moves the parameters (`param.data = ...`).
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        mesh = init_device_mesh(device.type, (world,))
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        gen = torch.Generator().manual_seed(7 + rank)
+        for _ in range(3):
+            x = torch.randn(8, 16, generator=gen).to(device)
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+        return [p.full_tensor().detach() for p in model.parameters()]
+
+    return on_both(train)
+
+
 def main():
     rank, world, init_file, backend = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     if backend == "default":
@@ -174,6 +199,7 @@ def main():
         collectives(rank, world)
         same("ddp", *ddp_training(rank, None))
         same("ddp_allreduce_hook", *ddp_training(rank, default_hooks.allreduce_hook))
+        same("fsdp2", *fsdp2_training(rank, world))
     dist.destroy_process_group()
 
 

@@ -156,3 +156,32 @@ def test_device_index_out_of_range_names_the_valid_devices():
     with torch.flagos.stream(s):
         assert torch.flagos.current_stream(count - 1) == s
     assert torch.flagos.current_stream(count - 1) != s
+
+
+@pytest.mark.native
+def test_setting_data_moves_a_parameter_as_on_the_native_device(native_device):
+    # `param.data = param.to(device)`: how model code and FSDP2's fully_shard
+    # move parameters in place. PyTorch allows it between CPU and its own
+    # accelerators; flagos the same, both ways, in inference mode too.
+    def step(device):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3)
+        params = list(model.parameters())
+        for p in params:
+            p.data = p.data.to(device)
+        assert [p.device.type for p in model.parameters()] == [device.type] * 2
+        assert all(a is b for a, b in zip(params, model.parameters()))  # the same Parameter objects
+        model(torch.ones(2, 4, device=device)).square().sum().backward()
+        back = torch.nn.Parameter(torch.ones(2, device=device))
+        back.data = back.data.cpu()
+        with torch.inference_mode():
+            plain = torch.ones(2)
+            plain.data = torch.zeros(2, device=device)
+        assert back.device.type == "cpu" and plain.device.type == device.type
+        return [model.weight.grad, model.bias.grad]
+
+    flagos_grads, native_grads = step(torch.device("flagos")), step(native_device)
+    assert all(g.device.type == "flagos" for g in flagos_grads)
+    assert all(torch.equal(f.cpu(), n.cpu()) for f, n in zip(flagos_grads, native_grads))
+    with pytest.raises(RuntimeError, match="incompatible tensor type"):  # sparse data stays refused, as natively
+        torch.ones(2, device="flagos").data = torch.ones(2).to_sparse()

@@ -1,4 +1,4 @@
-"""torch.distributed on flagos tensors: every collective and DDP training
+"""torch.distributed on flagos tensors: every collective, DDP and FSDP2 training
 through the native device's backend, bitwise equal to the native device's
 results (tests/distributed_ranks.py runs each rank)."""
 
@@ -18,7 +18,7 @@ RANKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "distributed_ra
 COLLECTIVES = [
     "all_reduce", "all_reduce_max_int64", "broadcast", "all_gather", "all_gather_into_tensor",
     "reduce_scatter_tensor", "reduce", "gather_scatter", "all_to_all_single", "async_work_and_future",
-    "functional_collectives", "all_reduce_then_copy_into_a_view", "barrier", "ddp", "ddp_allreduce_hook",
+    "functional_collectives", "all_reduce_then_copy_into_a_view", "barrier", "ddp", "ddp_allreduce_hook", "fsdp2",
 ]
 
 
@@ -52,7 +52,7 @@ def test_flagos_takes_the_native_devices_backend():
 @pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="two ranks on one GPU: NCCL needs a GPU each")
 def test_two_ranks_collectives_and_ddp_equal_the_native_device(tmp_path):
     outputs = run_ranks(tmp_path, 2, native_backend())
-    after = COLLECTIVES.index("all_to_all_single") + 1
+    after = COLLECTIVES.index("all_to_all_single") + 1  # then send_recv, with two ranks
     assert outputs == [COLLECTIVES[:after] + ["send_recv"] + COLLECTIVES[after:]] * 2
 
 
