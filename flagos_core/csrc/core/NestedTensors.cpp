@@ -1,0 +1,174 @@
+// Nested tensors on flagos (torch.nested's strided layout, and what
+// nn.TransformerEncoder's inference fast path builds from a padding mask):
+// the native device's nested kernels, run on native aliases.
+//
+// A flagos nested tensor is PyTorch's NestedTensorImpl over flagos memory
+// (its key set NestedTensor + PrivateUse1), with its sizes, strides and
+// offsets as CPU tensors. For each op on one, this fallback wraps the same
+// memory and the same metadata as a native nested tensor (and dense flagos
+// arguments as native aliases), runs the op natively, and wraps the native
+// results' memory back as flagos tensors: no copy either way.
+
+#include <flagos/Relabel.h>
+#include <flagos/Runtime.h>
+
+#include "core/CallConstants.h"
+
+#include <ATen/NestedTensorImpl.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flagos {
+namespace {
+
+class NestedCall {
+ public:
+  at::Tensor toNative(const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) {
+      return t;
+    }
+    if (!device_) {
+      device_ = t.device();
+    }
+    at::Tensor native;
+    if (t.is_nested()) {
+      const at::native::NestedTensorImpl* nested = at::native::get_nested_tensor_impl(t);
+      native = at::detail::make_tensor<at::native::NestedTensorImpl>(
+          nativeAliasOf(nested->get_unsafe_storage_as_tensor()), nested->get_nested_sizes(),
+          nested->get_nested_strides(), nested->get_storage_offsets());
+    } else {
+      native = nativeAliasOf(t);
+    }
+    made_.emplace_back(native.unsafeGetTensorImpl(), t);
+    return native;
+  }
+
+  // A result: an argument's own native tensor gives the caller's flagos one
+  // (in-place ops); any other tensor of the native device is wrapped as flagos.
+  at::Tensor fromNative(const at::Tensor& t, bool metadata) const {
+    for (const auto& [native, flagos] : made_) {
+      if (native == t.unsafeGetTensorImpl()) {
+        return flagos;
+      }
+    }
+    if (!t.defined() || !device_ || metadata || t.device().type() != detail::callConstants().native_type) {
+      return t;
+    }
+    if (t.is_nested()) {
+      const at::native::NestedTensorImpl* nested = at::native::get_nested_tensor_impl(t);
+      return at::detail::make_tensor<at::native::NestedTensorImpl>(
+          adoptNative(nested->get_unsafe_storage_as_tensor(), device_->index()), nested->get_nested_sizes(),
+          nested->get_nested_strides(), nested->get_storage_offsets());
+    }
+    return adoptNative(t, device_->index());
+  }
+
+  c10::IValue toNative(const c10::IValue& v) {
+    if (v.isTensor()) {
+      return toNative(v.toTensor());
+    }
+    if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : v.toTensorList()) {
+        out.push_back(toNative(t));
+      }
+      return out;
+    }
+    if (v.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> out;
+      for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
+        out.push_back(t ? std::optional<at::Tensor>(toNative(*t)) : std::nullopt);
+      }
+      return out;
+    }
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      return detail::callConstants().nativeDevice(v.toDevice().has_index() ? v.toDevice().index() : 0);
+    }
+    return v;
+  }
+
+  c10::IValue fromNative(const c10::IValue& v, bool metadata) const {
+    if (v.isTensor()) {
+      return fromNative(v.toTensor(), metadata);
+    }
+    if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : v.toTensorList()) {
+        out.push_back(fromNative(t, metadata));
+      }
+      return out;
+    }
+    return v;
+  }
+
+  std::optional<c10::Device> device() const {
+    return device_;
+  }
+
+ private:
+  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> made_;
+  std::optional<c10::Device> device_;
+};
+
+// Ops that give a nested tensor's own sizes, strides or offsets: CPU tensors
+// natively on every device, so they stay CPU tensors here too.
+bool givesMetadata(const c10::OperatorHandle& op) {
+  const std::string_view name = op.schema().name();
+  return name.rfind("aten::_nested_tensor_size", 0) == 0 || name.rfind("aten::_nested_tensor_strides", 0) == 0 ||
+      name.rfind("aten::_nested_tensor_storage_offsets", 0) == 0 || name.rfind("aten::_nested_get_", 0) == 0;
+}
+
+void nestedKernel(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
+  const size_t count = op.schema().arguments().size();
+  NestedCall call;
+  for (size_t i = stack->size() - count; i < stack->size(); ++i) {
+    (*stack)[i] = call.toNative((*stack)[i]);
+  }
+  c10::OptionalDeviceGuard guard;
+  if (auto device = call.device()) {
+    guard.reset_device(*device);
+  }
+  op.callBoxed(stack); // every tensor is the native device's now: its nested kernel
+  const bool metadata = givesMetadata(op);
+  const size_t returns = op.schema().returns().size();
+  for (size_t i = stack->size() - returns; i < stack->size(); ++i) {
+    (*stack)[i] = call.fromNative((*stack)[i], metadata);
+  }
+}
+
+bool hasNativeNestedKernel(const c10::OperatorHandle& op) {
+  return op.hasKernelForDispatchKey(c10::DispatchKey::NestedTensorCPU) ||
+      op.hasKernelForDispatchKey(c10::DispatchKey::NestedTensorCUDA);
+}
+
+// An op with nested kernels of its own (matmul, linear, ...) often has a
+// CompositeImplicitAutograd decomposition too, which the dispatcher prefers
+// to a fallback and which fails on a nested tensor's sizes: such ops get the
+// kernel above by name. At load, after PyTorch's own registrations.
+const bool kServedByName = [] {
+  static auto* library = new torch::Library(
+      torch::Library::IMPL, "aten", c10::DispatchKey::NestedTensorPrivateUse1, __FILE__, __LINE__);
+  for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) {
+      continue;
+    }
+    auto op = c10::Dispatcher::singleton().findOp(name);
+    if (op && hasNativeNestedKernel(*op) && !op->hasKernelForDispatchKey(c10::DispatchKey::NestedTensorPrivateUse1)) {
+      std::string overload = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+      library->impl(overload.c_str(), torch::CppFunction::makeFromBoxedFunction<&nestedKernel>());
+    }
+  }
+  return true;
+}();
+
+} // namespace
+} // namespace flagos
+
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&flagos::nestedKernel>());
+}
