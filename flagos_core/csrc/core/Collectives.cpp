@@ -17,6 +17,7 @@
 #include <flagos/Runtime.h>
 
 #include "core/CallConstants.h"
+#include "core/StandIns.h"
 
 #include <ATen/core/custom_class.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -33,71 +34,27 @@
 namespace flagos {
 namespace {
 
-// The caller's flagos tensors by their aliases, to give results back as the
-// caller's tensors (collectives return the tensors they wrote).
+// A collective's stand-ins: native aliases, which hold the memory while
+// asynchronous work runs; results give the caller's tensors back
+// (collectives return the tensors they wrote).
 class Aliases {
  public:
-  at::Tensor toNative(const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) {
-      return t;
-    }
-    if (!device_) {
-      device_ = t.device();
-    }
-    at::Tensor alias = nativeAliasOf(t); // holds the memory while asynchronous work runs
-    made_.emplace_back(alias.unsafeGetTensorImpl(), t);
-    return alias;
-  }
-
-  at::Tensor original(const at::Tensor& t) const {
-    for (const auto& [alias, flagos] : made_) {
-      if (alias == t.unsafeGetTensorImpl()) {
-        return flagos;
-      }
-    }
-    return t;
-  }
-
   c10::IValue toNative(const c10::IValue& v) {
-    return map(v, [this](const at::Tensor& t) { return toNative(t); });
+    return detail::mapTensors(v, [this](const at::Tensor& t) { return standIns_.toNative(t, nativeAliasOf); });
+  }
+  at::Tensor original(const at::Tensor& t) const {
+    const at::Tensor* callers = standIns_.callersTensor(t);
+    return callers ? *callers : t;
   }
   c10::IValue original(const c10::IValue& v) const {
-    return map(v, [this](const at::Tensor& t) { return original(t); });
+    return detail::mapTensors(v, [this](const at::Tensor& t) { return original(t); });
   }
   std::optional<c10::Device> device() const {
-    return device_;
+    return standIns_.device();
   }
 
  private:
-  // Tensor, Tensor?, Tensor[] and Tensor[][], the kinds c10d's schemas use.
-  template <typename F>
-  static c10::IValue map(const c10::IValue& v, const F& f) {
-    if (v.isTensor()) {
-      return f(v.toTensor());
-    }
-    if (v.isTensorList()) {
-      c10::List<at::Tensor> out;
-      for (const at::Tensor& t : v.toTensorList()) {
-        out.push_back(f(t));
-      }
-      return out;
-    }
-    if (v.isList()) {
-      auto list = v.toList();
-      if (list.empty() || !list.get(0).isTensorList()) {
-        return v;
-      }
-      c10::impl::GenericList out(list.elementType());
-      for (const c10::IValue& inner : list) {
-        out.push_back(map(inner, f));
-      }
-      return out;
-    }
-    return v;
-  }
-
-  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> made_;
-  std::optional<c10::Device> device_;
+  detail::StandIns standIns_;
 };
 
 // The native backend's Work, giving the caller's flagos tensors where it

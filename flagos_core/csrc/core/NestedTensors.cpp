@@ -13,6 +13,7 @@
 #include <flagos/Runtime.h>
 
 #include "core/CallConstants.h"
+#include "core/StandIns.h"
 
 #include <ATen/NestedTensorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -26,93 +27,57 @@
 namespace flagos {
 namespace {
 
+// A nested tensor of the native device over `buffer`'s memory with `like`'s
+// sizes, strides and offsets (or a flagos one, from a flagos buffer).
+at::Tensor nestedOver(const at::Tensor& buffer, const at::native::NestedTensorImpl& like) {
+  return at::detail::make_tensor<at::native::NestedTensorImpl>(
+      buffer, like.get_nested_sizes(), like.get_nested_strides(), like.get_storage_offsets());
+}
+
+at::Tensor nativeStandIn(const at::Tensor& t) {
+  if (!t.is_nested()) {
+    return nativeAliasOf(t);
+  }
+  const at::native::NestedTensorImpl* nested = at::native::get_nested_tensor_impl(t);
+  return nestedOver(nativeAliasOf(nested->get_unsafe_storage_as_tensor()), *nested);
+}
+
 class NestedCall {
  public:
-  at::Tensor toNative(const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) {
-      return t;
-    }
-    if (!device_) {
-      device_ = t.device();
-    }
-    at::Tensor native;
-    if (t.is_nested()) {
-      const at::native::NestedTensorImpl* nested = at::native::get_nested_tensor_impl(t);
-      native = at::detail::make_tensor<at::native::NestedTensorImpl>(
-          nativeAliasOf(nested->get_unsafe_storage_as_tensor()), nested->get_nested_sizes(),
-          nested->get_nested_strides(), nested->get_storage_offsets());
-    } else {
-      native = nativeAliasOf(t);
-    }
-    made_.emplace_back(native.unsafeGetTensorImpl(), t);
-    return native;
-  }
-
-  // A result: an argument's own native tensor gives the caller's flagos one
-  // (in-place ops); any other tensor of the native device is wrapped as flagos.
-  at::Tensor fromNative(const at::Tensor& t, bool metadata) const {
-    for (const auto& [native, flagos] : made_) {
-      if (native == t.unsafeGetTensorImpl()) {
-        return flagos;
-      }
-    }
-    if (!t.defined() || !device_ || metadata || t.device().type() != detail::callConstants().native_type) {
-      return t;
-    }
-    if (t.is_nested()) {
-      const at::native::NestedTensorImpl* nested = at::native::get_nested_tensor_impl(t);
-      return at::detail::make_tensor<at::native::NestedTensorImpl>(
-          adoptNative(nested->get_unsafe_storage_as_tensor(), device_->index()), nested->get_nested_sizes(),
-          nested->get_nested_strides(), nested->get_storage_offsets());
-    }
-    return adoptNative(t, device_->index());
-  }
-
   c10::IValue toNative(const c10::IValue& v) {
-    if (v.isTensor()) {
-      return toNative(v.toTensor());
-    }
-    if (v.isTensorList()) {
-      c10::List<at::Tensor> out;
-      for (const at::Tensor& t : v.toTensorList()) {
-        out.push_back(toNative(t));
-      }
-      return out;
-    }
-    if (v.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> out;
-      for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
-        out.push_back(t ? std::optional<at::Tensor>(toNative(*t)) : std::nullopt);
-      }
-      return out;
-    }
     if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
       return detail::callConstants().nativeDevice(v.toDevice().has_index() ? v.toDevice().index() : 0);
     }
-    return v;
+    return detail::mapTensors(v, [this](const at::Tensor& t) { return standIns_.toNative(t, nativeStandIn); });
   }
 
+  // A result: a stand-in gives the caller's flagos tensor (in-place ops); any
+  // other tensor of the native device is wrapped as flagos, no copy.
   c10::IValue fromNative(const c10::IValue& v, bool metadata) const {
-    if (v.isTensor()) {
-      return fromNative(v.toTensor(), metadata);
-    }
-    if (v.isTensorList()) {
-      c10::List<at::Tensor> out;
-      for (const at::Tensor& t : v.toTensorList()) {
-        out.push_back(fromNative(t, metadata));
-      }
-      return out;
-    }
-    return v;
+    return detail::mapTensors(v, [&](const at::Tensor& t) { return fromNative(t, metadata); });
   }
 
   std::optional<c10::Device> device() const {
-    return device_;
+    return standIns_.device();
   }
 
  private:
-  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> made_;
-  std::optional<c10::Device> device_;
+  at::Tensor fromNative(const at::Tensor& t, bool metadata) const {
+    if (const at::Tensor* callers = standIns_.callersTensor(t)) {
+      return *callers;
+    }
+    const auto device = standIns_.device();
+    if (!t.defined() || !device || metadata || t.device().type() != detail::callConstants().native_type) {
+      return t;
+    }
+    if (!t.is_nested()) {
+      return adoptNative(t, device->index());
+    }
+    const at::native::NestedTensorImpl* nested = at::native::get_nested_tensor_impl(t);
+    return nestedOver(adoptNative(nested->get_unsafe_storage_as_tensor(), device->index()), *nested);
+  }
+
+  detail::StandIns standIns_;
 };
 
 // Ops that give a nested tensor's own sizes, strides or offsets: CPU tensors
