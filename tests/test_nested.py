@@ -54,3 +54,19 @@ def test_transformer_encoder_fast_path_with_a_padding_mask(native_device):
     flagos, native = run(torch.device("flagos")), run(native_device)
     assert flagos.device.type == "flagos" and not flagos.is_nested
     assert torch.equal(flagos.cpu(), native.cpu())
+
+
+@pytest.mark.native
+def test_backward_through_nested_tensors(native_device):
+    # The backward builds a nested gradient from a padded one and the nested
+    # sizes, a CPU tensor on every device (`_nested_from_padded`).
+    def grads(device):
+        torch.manual_seed(0)
+        linear = torch.nn.Linear(4, 3).to(device)
+        nt = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)], device=device, requires_grad=True)
+        linear(nt).to_padded_tensor(0.0).square().sum().backward()
+        assert nt.grad.is_nested and nt.grad.device.type == device.type
+        return [linear.weight.grad, linear.bias.grad, *nt.grad.unbind()]
+
+    flagos, native = grads(torch.device("flagos")), grads(native_device)
+    assert all(torch.equal(f.cpu(), n.cpu()) for f, n in zip(flagos, native, strict=True))

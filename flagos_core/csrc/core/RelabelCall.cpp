@@ -20,6 +20,12 @@ bool isForeign(const c10::StorageImpl* storage, c10::ArrayRef<const c10::Storage
 
 } // namespace
 
+// An argument the schema names `cpu_...` (`_nested_from_padded`'s
+// cpu_nested_shape_example): a CPU tensor on every device, natively too.
+static bool onCpuByDesign(const c10::OperatorHandle& op, size_t arg, const c10::Device& d) {
+  return d.is_cpu() && op.schema().arguments().at(arg).name().rfind("cpu_", 0) == 0;
+}
+
 void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg) {
   TORCH_CHECK(
       false, "Expected all tensors to be on the same device, but found at least two devices, ", a, " and ", b,
@@ -58,7 +64,7 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, size_t arg, 
   if (d.type() != c10::DeviceType::PrivateUse1) {
     foreign_storages.push_back(t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr);
     const bool scalar = t.dim() == 0 && d.is_cpu();
-    if (!scalar && (!in_list || info.exact_device) && !foreign) {
+    if (!scalar && (!in_list || info.exact_device) && !foreign && !onCpuByDesign(op, arg, d)) {
       foreign.emplace(d, arg);
     }
     return c10::MaybeOwned<at::Tensor>::borrowed(t);
