@@ -22,12 +22,14 @@ COLLECTIVES = [
 ]
 
 
-def run_ranks(tmp_path, world, backend):
-    init_file = tmp_path / "init"
+def run_ranks(tmp_path, world, backend, side="flagos"):
+    """Runs the ranks of one side; returns each rank's checks and results."""
+    init_file = tmp_path / f"init-{side}"
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    results = [tmp_path / f"{side}-{rank}.pt" for rank in range(world)]
     procs = [
         subprocess.Popen(
-            [sys.executable, RANKS, str(rank), str(world), str(init_file), backend],
+            [sys.executable, RANKS, str(rank), str(world), str(init_file), backend, side, str(results[rank])],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )
         for rank in range(world)
@@ -35,8 +37,23 @@ def run_ranks(tmp_path, world, backend):
     outputs = []
     for proc in procs:
         out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, f"a rank failed:\n{out}\n{err[-3000:]}"
+        assert proc.returncode == 0, f"a {side} rank failed:\n{out}\n{err[-3000:]}"
         outputs.append([line.split()[1] for line in out.splitlines() if line.startswith("ok ")])
+    return outputs, [torch.load(path) for path in results]
+
+
+def flagos_against_native(tmp_path, world):
+    """The checks on flagos and on the native device (a process without
+    flagos), each check's results bitwise equal on every rank."""
+    outputs, flagos = run_ranks(tmp_path, world, native_backend())
+    native_outputs, native = run_ranks(tmp_path, world, native_backend(), flagos_core._C._native_device_type())
+    assert native_outputs == outputs
+    for rank in range(world):
+        assert flagos[rank].keys() == native[rank].keys()
+        for name, tensors in flagos[rank].items():
+            assert len(tensors) == len(native[rank][name]), name
+            for f, n in zip(tensors, native[rank][name]):
+                assert torch.equal(f, n), f"rank {rank}, {name}: flagos {f} != native {n}"
     return outputs
 
 
@@ -51,16 +68,17 @@ def test_flagos_takes_the_native_devices_backend():
 
 @pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="two ranks on one GPU: NCCL needs a GPU each")
 def test_two_ranks_collectives_and_ddp_equal_the_native_device(tmp_path):
-    outputs = run_ranks(tmp_path, 2, native_backend())
+    outputs = flagos_against_native(tmp_path, 2)
     after = COLLECTIVES.index("all_to_all_single") + 1  # then send_recv, with two ranks
     assert outputs == [COLLECTIVES[:after] + ["send_recv"] + COLLECTIVES[after:]] * 2
 
 
 @pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="two ranks on one GPU: NCCL needs a GPU each")
 def test_default_backend_for_the_flagos_accelerator(tmp_path):
-    assert run_ranks(tmp_path, 2, "default") == [["default_backend_all_reduce", "default_backend_barrier"]] * 2
+    outputs, _ = run_ranks(tmp_path, 2, "default")
+    assert outputs == [["default_backend_all_reduce", "default_backend_barrier"]] * 2
 
 
 @pytest.mark.native
 def test_one_rank_collectives_and_ddp_equal_the_native_device(tmp_path):
-    assert run_ranks(tmp_path, 1, native_backend()) == [COLLECTIVES]
+    assert flagos_against_native(tmp_path, 1) == [COLLECTIVES]

@@ -190,8 +190,12 @@ void collective(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, tor
   for (size_t i = stack->size() - returns; i < stack->size(); ++i) {
     c10::IValue& v = (*stack)[i];
     if (v.isObject() && v.type().get() == workType.get()) {
-      c10::intrusive_ptr<c10d::Work> work = c10::make_intrusive<WorkOnFlagos>(v.toCustomClass<c10d::Work>(), aliases);
-      v = c10::IValue(std::move(work));
+      // A backend may return no Work for a call that has already synchronised
+      // (NCCL without async_op): nothing to wrap then.
+      c10::intrusive_ptr<c10d::Work> inner = v.toCustomClass<c10d::Work>();
+      if (inner) {
+        v = c10::IValue(c10::intrusive_ptr<c10d::Work>(c10::make_intrusive<WorkOnFlagos>(std::move(inner), aliases)));
+      }
     } else {
       v = aliases->original(v);
     }

@@ -1,0 +1,35 @@
+"""A function's results on the native device, to compare flagos's with.
+
+On an accelerator (CUDA, ...) a backward cannot run in a process that loaded
+flagos (pytorch/pytorch#161129, see flagos_core/_native_backward.py), so there
+the function runs in a side process without flagos (benchmarks/side_process.py);
+on the host runtime, whose native device is the CPU, it runs here. The
+function takes the device and returns a list of tensors, and uses nothing but
+torch: on an accelerator its source is what runs.
+"""
+
+import inspect
+import os
+import sys
+import textwrap
+
+import torch
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+def results_on_native(fn, device, tmp_path):
+    if device.type == "cpu":
+        return [t.detach().cpu() for t in fn(device)]
+    if BENCHMARKS not in sys.path:
+        sys.path.insert(0, BENCHMARKS)
+    from side_process import SideProcess
+
+    code = textwrap.dedent(inspect.getsource(fn)) + (
+        f"\nresult = [t.detach().cpu() for t in {fn.__name__}(torch.device({str(device)!r}))]\n"
+    )
+    native = SideProcess(device.type)
+    try:
+        return torch.load(native("eval", code=code, path=str(tmp_path / "native.pt"))["path"])
+    finally:
+        native.close()
