@@ -6,6 +6,7 @@
 
 #include <c10/util/SmallVector.h>
 
+#include <cstring>
 #include <vector>
 
 namespace flagos::detail {
@@ -29,9 +30,11 @@ c10::DataPtr borrowedDataPtr(c10::StorageImpl* flagos, c10::Device native) {
   return c10::DataPtr(flagos->mutable_data_ptr().get(), flagos, &borrowedFlagosStorage, native);
 }
 
-// Owns a native storage on behalf of a flagos DataPtr over the same memory.
+// Owns a native storage on behalf of a flagos DataPtr over the same memory;
+// after moveOnto, also the flagos storage's previous allocation.
 struct ForeignStorageRef {
   c10::Storage storage;
+  c10::DataPtr previous;
 };
 
 void deleteForeignStorageRef(void* ctx) {
@@ -306,6 +309,32 @@ c10::Storage flagosStorageFor(const c10::Storage& native, c10::DeviceIndex index
   c10::DataPtr wrapped(data, new ForeignStorageRef{native}, &deleteForeignStorageRef, label);
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), impl->sym_nbytes(), std::move(wrapped), nullptr, false));
+}
+
+std::optional<c10::Storage> wrappedStorage(const c10::Storage& flagos) {
+  const c10::DataPtr& ptr = flagos.unsafeGetStorageImpl()->data_ptr();
+  if (ptr.get_deleter() != &deleteForeignStorageRef) {
+    return std::nullopt;
+  }
+  return static_cast<ForeignStorageRef*>(ptr.get_context())->storage;
+}
+
+void moveOnto(const c10::Storage& flagos, c10::Storage target) {
+  c10::StorageImpl* impl = flagos.unsafeGetStorageImpl();
+  c10::StorageImpl* to = target.unsafeGetStorageImpl();
+  TORCH_CHECK(to->nbytes() == impl->nbytes(), "flagos: moving a storage of ", impl->nbytes(), " bytes onto one of ",
+              to->nbytes());
+  TORCH_CHECK(impl->data_ptr().device().type() == c10::DeviceType::PrivateUse1 && to->data_ptr().device().is_cpu() &&
+                  activeRuntime().nativeDeviceType() == c10::DeviceType::CPU,
+              "flagos: only the host runtime's storages move onto host memory");
+  if (impl->nbytes() > 0) {
+    std::memcpy(to->mutable_data(), impl->data(), impl->nbytes());
+  }
+  void* data = to->mutable_data();
+  const c10::Device label = impl->data_ptr().device();
+  auto* ref = new ForeignStorageRef{std::move(target), c10::DataPtr()};
+  ref->previous = impl->set_data_ptr(c10::DataPtr(data, ref, &deleteForeignStorageRef, label));
+  impl->set_resizable(false);
 }
 
 const c10::DataPtr& allocationOf(const c10::Storage& flagos) {

@@ -27,6 +27,15 @@ c10::Storage flagosStorageFor(const c10::Storage& native, c10::DeviceIndex index
 // The allocation behind a flagos storage, as its allocator made it: the
 // native storage's DataPtr where flagosStorageFor wrapped one, else its own.
 const c10::DataPtr& allocationOf(const c10::Storage& flagos);
+// The native storage a flagos storage uses the memory of (from_native, or
+// moved by moveOnto), if it uses one.
+std::optional<c10::Storage> wrappedStorage(const c10::Storage& flagos);
+// Moves a flagos storage onto `target`, host memory of the same size: its
+// bytes are copied and the flagos StorageImpl points at target's memory from
+// then on, in place, so every flagos tensor over it sees the new memory (how
+// a storage moves into shared memory). The previous allocation lives on with
+// the storage: an alias taken before and kept still points there.
+void moveOnto(const c10::Storage& flagos, c10::Storage target);
 // A new flagos TensorImpl over `storage` with `geometry`'s sizes, strides, dtype.
 at::Tensor flagosTensorOver(c10::Storage storage, const at::Tensor& geometry);
 c10::DispatchKeySet keysFor(c10::Device device);

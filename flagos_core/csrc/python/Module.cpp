@@ -5,6 +5,7 @@
 
 #include "core/Autocast.h"
 #include "core/Collectives.h"
+#include "core/ProcessSharing.h"
 #include "host/HostRuntime.h"
 #include "python/CrashBacktrace.h"
 #include "python/PythonProvider.h"
@@ -80,6 +81,8 @@ PYBIND11_MODULE(_C, m) {
     return adoptNative(t, static_cast<c10::DeviceIndex>(index));
   });
   m.def("_serve_collectives", &serveCollectives);
+  m.def("_wrapped_native_bytes", &wrappedNativeBytes);
+  m.def("_move_storage_onto", &moveStorageOnto);
   m.def("_use_autocast_policies", &useAutocastPolicies);
   m.def("_autocast_policies", &autocastPolicies);
   m.def("_has_runtime", &hasActiveRuntime);

@@ -1,0 +1,58 @@
+"""flagos tensors through torch.multiprocessing (queues, pipes, a Process's
+arguments): shared with the receiving process as the native device's tensors
+are, never copied.
+
+A flagos tensor travels as its native alias, by the native device's own
+sharing (CUDA IPC with flagos-cuda), and the receiver makes it a flagos
+tensor again over the same memory. On the host runtime, whose memory is
+host RAM, the storage first moves into shared memory, in place, as a CPU
+storage does when sent (`share_memory_`); the move happens once per
+storage, and flagos tensors over it keep working on the shared copy.
+"""
+
+from multiprocessing.reduction import ForkingPickler
+
+import torch
+from torch.multiprocessing import reductions
+
+from . import _C
+
+
+def install():
+    """Once, at import: flagos tensors get their own reduction, other tensors
+    keep torch's."""
+    for cls in (torch.Tensor, torch.nn.Parameter):
+        ForkingPickler.register(cls, reduce_tensor)
+
+
+def reduce_tensor(tensor):
+    if tensor.device.type != torch._C._get_privateuse1_backend_name():
+        return reductions.reduce_tensor(tensor)
+    if tensor.requires_grad and not tensor.is_leaf:
+        raise RuntimeError(
+            "flagos: a tensor that requires grad and is not a leaf cannot be sent to another process (its "
+            "autograd graph cannot go along); send tensor.detach(), as torch.multiprocessing asks for any device"
+        )
+    rebuild, args = reductions.reduce_tensor(_shareable_native(tensor))
+    parameter = isinstance(tensor, torch.nn.Parameter)
+    return (rebuild_flagos, (rebuild, args, tensor.device.index, tensor.requires_grad, parameter))
+
+
+def _shareable_native(tensor):
+    """The native tensor the receiver maps: the alias, over shared memory."""
+    if _C._native_device_type() != "cpu":
+        return _C._to_native(tensor)
+    whole = _C._wrapped_native_bytes(tensor)
+    if whole is None or not whole.is_shared():
+        whole = torch.empty(tensor.untyped_storage().nbytes(), dtype=torch.uint8).share_memory_()
+        _C._move_storage_onto(tensor, whole)
+    native = torch.empty(0, dtype=tensor.dtype)
+    return native.set_(whole.untyped_storage(), tensor.storage_offset(), tensor.size(), tensor.stride())
+
+
+def rebuild_flagos(rebuild, args, index, requires_grad, parameter):
+    """In the receiving process: the native tensor rebuilt, as a flagos tensor."""
+    tensor = _C._from_native(rebuild(*args), index)
+    if parameter:
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    return tensor.requires_grad_(requires_grad)
