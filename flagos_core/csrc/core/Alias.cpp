@@ -41,6 +41,13 @@ void deleteForeignStorageRef(void* ctx) {
   delete static_cast<ForeignStorageRef*>(ctx);
 }
 
+// The record of the native storage a flagos storage wraps, or null.
+const ForeignStorageRef* foreignRefOf(const c10::Storage& flagos) {
+  const c10::DataPtr& ptr = flagos.unsafeGetStorageImpl()->data_ptr();
+  return ptr.get_deleter() == &deleteForeignStorageRef ? static_cast<const ForeignStorageRef*>(ptr.get_context())
+                                                       : nullptr;
+}
+
 // The TensorImpl of every native alias: a plain TensorImpl that takes a
 // flagos tensor's geometry together with its cached contiguity flags (the
 // same geometry, so the same flags) instead of recomputing them, which
@@ -312,11 +319,8 @@ c10::Storage flagosStorageFor(const c10::Storage& native, c10::DeviceIndex index
 }
 
 std::optional<c10::Storage> wrappedStorage(const c10::Storage& flagos) {
-  const c10::DataPtr& ptr = flagos.unsafeGetStorageImpl()->data_ptr();
-  if (ptr.get_deleter() != &deleteForeignStorageRef) {
-    return std::nullopt;
-  }
-  return static_cast<ForeignStorageRef*>(ptr.get_context())->storage;
+  const ForeignStorageRef* ref = foreignRefOf(flagos);
+  return ref ? std::optional<c10::Storage>(ref->storage) : std::nullopt;
 }
 
 void moveOnto(const c10::Storage& flagos, c10::Storage target) {
@@ -338,11 +342,8 @@ void moveOnto(const c10::Storage& flagos, c10::Storage target) {
 }
 
 const c10::DataPtr& allocationOf(const c10::Storage& flagos) {
-  const c10::DataPtr& ptr = flagos.unsafeGetStorageImpl()->data_ptr();
-  if (ptr.get_deleter() == &deleteForeignStorageRef) {
-    return static_cast<ForeignStorageRef*>(ptr.get_context())->storage.unsafeGetStorageImpl()->data_ptr();
-  }
-  return ptr;
+  const ForeignStorageRef* ref = foreignRefOf(flagos);
+  return ref ? ref->storage.unsafeGetStorageImpl()->data_ptr() : flagos.unsafeGetStorageImpl()->data_ptr();
 }
 
 bool sameGeometry(const c10::TensorImpl& a, const c10::TensorImpl& b) {
