@@ -245,6 +245,26 @@ class Trainer:
         self.module.synchronize()
         return time.perf_counter() - start, [l.item() for l in losses]
 
+    def device_work(self, index):
+        """One more block under torch.profiler, device activity only: {"kernels":
+        {name: [launches, device microseconds]}} for the device's kernels,
+        copies and sets. What the GPU ran, to compare between sides; the
+        profiler's own cost makes this block's wall time meaningless."""
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            self.block(index)
+        kernels = {}
+        for event in prof.events():
+            # With a PrivateUse1 backend registered (flagos), PyTorch labels
+            # every GPU activity as that backend's: count both labels.
+            if event.device_type in (DeviceType.CUDA, DeviceType.PrivateUse1):
+                entry = kernels.setdefault(event.name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += event.time_range.elapsed_us()
+        return {"kernels": kernels}
+
     def peak_bytes(self, index):
         """Peak memory of one more block above what is resident before it
         (0 on a device without memory statistics, the CPU)."""

@@ -60,6 +60,8 @@ def serve(device):
         elif op == "block":
             seconds, losses = trainer.block(cmd["index"])
             reply = {"seconds": seconds, "losses": losses}
+        elif op == "device_work":
+            reply = trainer.device_work(cmd["index"])
         elif op == "peak":
             reply = {"bytes": trainer.peak_bytes(cmd["index"])}
         elif op == "eval":  # small references for tests: code sets `result`
