@@ -7,6 +7,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 namespace flagos::detail {
@@ -14,20 +15,6 @@ namespace {
 
 void releaseFlagosStorage(void* ctx) {
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
-}
-
-c10::DataPtr aliasDataPtr(c10::StorageImpl* flagos, c10::Device native) {
-  c10::raw::intrusive_ptr::incref(flagos);
-  return c10::DataPtr(flagos->mutable_data_ptr().get(), flagos, &releaseFlagosStorage, native);
-}
-
-// A pooled alias borrows the flagos storage for the call (the caller holds
-// the flagos tensor meanwhile): no reference taken. Should a kernel keep the
-// alias beyond the call, recycleAlias turns this into an owning DataPtr.
-void borrowedFlagosStorage(void*) {}
-
-c10::DataPtr borrowedDataPtr(c10::StorageImpl* flagos, c10::Device native) {
-  return c10::DataPtr(flagos->mutable_data_ptr().get(), flagos, &borrowedFlagosStorage, native);
 }
 
 // Owns a native storage on behalf of a flagos DataPtr over the same memory;
@@ -39,6 +26,54 @@ struct ForeignStorageRef {
 
 void deleteForeignStorageRef(void* ctx) {
   delete static_cast<ForeignStorageRef*>(ctx);
+}
+
+// A flagos storage over a native one (from_native, a kernel's view of a
+// non-flagos argument) took that storage's data pointer when it was made.
+// The native storage can move afterwards (share_memory_, a resize_ that
+// grows it) and free the old memory; the flagos storage then follows, as the
+// native storage's own tensors do, before any kernel sees its memory.
+C10_NOINLINE void* followWrappedStorage(c10::StorageImpl* flagos) {
+  c10::DataPtr& ptr = flagos->mutable_data_ptr();
+  auto* ref = static_cast<ForeignStorageRef*>(ptr.get_context());
+  c10::StorageImpl* native = ref->storage.unsafeGetStorageImpl();
+  void* now = native->mutable_data_ptr().get();
+  if (C10_LIKELY(now == ptr.get())) {
+    return now;
+  }
+  static std::mutex moving;
+  std::lock_guard<std::mutex> lock(moving);
+  if (ptr.get() != now) {
+    c10::DataPtr followed(now, ref, &deleteForeignStorageRef, ptr.device());
+    (void)ptr.release_context(); // `followed` owns the record now
+    flagos->set_data_ptr_noswap(std::move(followed));
+    flagos->set_nbytes(native->nbytes());
+  }
+  return now;
+}
+
+// The flagos storage's memory, for an alias about to be made over it.
+void* currentData(c10::StorageImpl* flagos) {
+  c10::DataPtr& ptr = flagos->mutable_data_ptr();
+  if (C10_UNLIKELY(ptr.get_deleter() == &deleteForeignStorageRef)) {
+    return followWrappedStorage(flagos);
+  }
+  return ptr.get();
+}
+
+c10::DataPtr aliasDataPtr(c10::StorageImpl* flagos, c10::Device native) {
+  void* data = currentData(flagos);
+  c10::raw::intrusive_ptr::incref(flagos);
+  return c10::DataPtr(data, flagos, &releaseFlagosStorage, native);
+}
+
+// A pooled alias borrows the flagos storage for the call (the caller holds
+// the flagos tensor meanwhile): no reference taken. Should a kernel keep the
+// alias beyond the call, recycleAlias turns this into an owning DataPtr.
+void borrowedFlagosStorage(void*) {}
+
+c10::DataPtr borrowedDataPtr(c10::StorageImpl* flagos, c10::Device native) {
+  return c10::DataPtr(currentData(flagos), flagos, &borrowedFlagosStorage, native);
 }
 
 // The record of the native storage a flagos storage wraps, or null.
@@ -282,9 +317,10 @@ void pointAliasAt(AliasImpl& alias, const c10::TensorImpl& t, c10::Device native
 } // namespace
 
 c10::Storage nativeStorageFor(c10::StorageImpl* flagos, c10::Device native) {
+  c10::DataPtr data = aliasDataPtr(flagos, native); // first: a wrapped storage may follow its native one
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), flagos->sym_nbytes(), aliasDataPtr(flagos, native),
-      c10::GetAllocator(native.type()), flagos->resizable()));
+      c10::StorageImpl::use_byte_size_t(), flagos->sym_nbytes(), std::move(data), c10::GetAllocator(native.type()),
+      flagos->resizable()));
 }
 
 bool isAliasOf(const c10::DataPtr& native, const c10::StorageImpl* flagos) {
