@@ -28,14 +28,19 @@ void deleteForeignStorageRef(void* ctx) {
   delete static_cast<ForeignStorageRef*>(ctx);
 }
 
+// The record of the native storage a flagos storage wraps, or null.
+ForeignStorageRef* foreignRefOf(const c10::StorageImpl* flagos) {
+  const c10::DataPtr& ptr = flagos->data_ptr();
+  return ptr.get_deleter() == &deleteForeignStorageRef ? static_cast<ForeignStorageRef*>(ptr.get_context()) : nullptr;
+}
+
 // A flagos storage over a native one (from_native, a kernel's view of a
 // non-flagos argument) took that storage's data pointer when it was made.
 // The native storage can move afterwards (share_memory_, a resize_ that
 // grows it) and free the old memory; the flagos storage then follows, as the
 // native storage's own tensors do, before any kernel sees its memory.
-C10_NOINLINE void* followWrappedStorage(c10::StorageImpl* flagos) {
+C10_NOINLINE void* followWrappedStorage(c10::StorageImpl* flagos, ForeignStorageRef* ref) {
   c10::DataPtr& ptr = flagos->mutable_data_ptr();
-  auto* ref = static_cast<ForeignStorageRef*>(ptr.get_context());
   c10::StorageImpl* native = ref->storage.unsafeGetStorageImpl();
   void* now = native->mutable_data_ptr().get();
   if (C10_LIKELY(now == ptr.get())) {
@@ -54,11 +59,11 @@ C10_NOINLINE void* followWrappedStorage(c10::StorageImpl* flagos) {
 
 // The flagos storage's memory, for an alias about to be made over it.
 void* currentData(c10::StorageImpl* flagos) {
-  c10::DataPtr& ptr = flagos->mutable_data_ptr();
-  if (C10_UNLIKELY(ptr.get_deleter() == &deleteForeignStorageRef)) {
-    return followWrappedStorage(flagos);
+  void* data = flagos->mutable_data_ptr().get();
+  if (ForeignStorageRef* ref = foreignRefOf(flagos); C10_UNLIKELY(ref != nullptr)) {
+    return followWrappedStorage(flagos, ref);
   }
-  return ptr.get();
+  return data;
 }
 
 c10::DataPtr aliasDataPtr(c10::StorageImpl* flagos, c10::Device native) {
@@ -74,13 +79,6 @@ void borrowedFlagosStorage(void*) {}
 
 c10::DataPtr borrowedDataPtr(c10::StorageImpl* flagos, c10::Device native) {
   return c10::DataPtr(currentData(flagos), flagos, &borrowedFlagosStorage, native);
-}
-
-// The record of the native storage a flagos storage wraps, or null.
-const ForeignStorageRef* foreignRefOf(const c10::Storage& flagos) {
-  const c10::DataPtr& ptr = flagos.unsafeGetStorageImpl()->data_ptr();
-  return ptr.get_deleter() == &deleteForeignStorageRef ? static_cast<const ForeignStorageRef*>(ptr.get_context())
-                                                       : nullptr;
 }
 
 // The TensorImpl of every native alias: a plain TensorImpl that takes a
@@ -355,7 +353,7 @@ c10::Storage flagosStorageFor(const c10::Storage& native, c10::DeviceIndex index
 }
 
 std::optional<c10::Storage> wrappedStorage(const c10::Storage& flagos) {
-  const ForeignStorageRef* ref = foreignRefOf(flagos);
+  const ForeignStorageRef* ref = foreignRefOf(flagos.unsafeGetStorageImpl());
   return ref ? std::optional<c10::Storage>(ref->storage) : std::nullopt;
 }
 
@@ -378,7 +376,7 @@ void moveOnto(const c10::Storage& flagos, c10::Storage target) {
 }
 
 const c10::DataPtr& allocationOf(const c10::Storage& flagos) {
-  const ForeignStorageRef* ref = foreignRefOf(flagos);
+  const ForeignStorageRef* ref = foreignRefOf(flagos.unsafeGetStorageImpl());
   return ref ? ref->storage.unsafeGetStorageImpl()->data_ptr() : flagos.unsafeGetStorageImpl()->data_ptr();
 }
 
