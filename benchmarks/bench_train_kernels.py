@@ -51,7 +51,7 @@ def device_totals(kernels):
 
 def measure(size, blocks, steps, model_path, first):
     batch, seq = size
-    procs = {side: SideProcess(side) for side in (SIDES if first == "cuda" else SIDES[::-1])}
+    procs = {side: SideProcess(side) for side in (SIDES if first == SIDES[0] else SIDES[::-1])}
     try:
         found = {}
         for side, proc in procs.items():
@@ -118,7 +118,7 @@ def main(argv=None):
             print(f"    {un:10.1f} {uf:10.1f}  ({ln}/{lf} launches)  {name[:100]}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({f"{b}x{s}": {side: {k: v for k, v in found[side].items()} for side in SIDES}
+            json.dump({f"{b}x{s}": {side: found[side] for side in SIDES}
                        for (b, s), found in results.items()}, f)
     return 0
 
