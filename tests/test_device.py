@@ -63,6 +63,25 @@ def test_autograd_matches_cpu():
     assert torch.equal(fw.grad.cpu(), w.grad)
 
 
+def test_convolution_and_its_backward_match_cpu():
+    # Convolutions reach flagos as convolution_overrideable; the core runs
+    # the native one on aliases. Its results are flagos's own tensors, which
+    # can grow like any other (they were wrapped, and resize_ raised).
+    torch.manual_seed(2)
+    x, w, b = torch.randn(2, 4, 9, 9), torch.randn(6, 4, 3, 3), torch.randn(6)
+    results = {}
+    for device in ("cpu", "flagos"):
+        xs, ws, bs = (t.to(device).detach().requires_grad_() for t in (x, w, b))
+        y = torch.nn.functional.conv2d(xs, ws, bs, padding=1)
+        y.square().sum().backward()
+        results[device] = [t.cpu() for t in (y.detach(), xs.grad, ws.grad, bs.grad)]
+        grown = y.detach()
+        grown.resize_(2 * y.numel())
+        assert torch.equal(grown[: y.numel()].view_as(y).cpu(), results[device][0])
+    for cpu, flagos in zip(results["cpu"], results["flagos"]):
+        assert torch.equal(cpu, flagos)
+
+
 def test_seeded_random_matches_cpu():
     for make in (
         lambda d: torch.randn(100, device=d),

@@ -6,16 +6,87 @@
 
 #include <c10/util/SmallVector.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace flagos::detail {
 namespace {
 
-void releaseFlagosStorage(void* ctx) {
-  c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
+// A native storage over a flagos storage's memory that may outlive the call
+// that made it (an export): as_native's and nativeAliasOf's tensors, an alias
+// a kernel kept. Natively, tensors sharing memory share one StorageImpl, so a
+// resize or a move into shared memory is seen by all of them. Here the
+// flagos storage owns the memory, so when it moves, every export of it is
+// pointed at the new memory (followExports); an export holding the old
+// pointer would read freed memory.
+struct ExportRecord {
+  c10::StorageImpl* flagos; // holds a reference: the memory outlives the export
+  c10::StorageImpl* native = nullptr; // the export's StorageImpl, once made (not owned)
+};
+
+// The exports of each flagos storage that has any. Consulted only when a
+// flagos storage moves (rare: a resize, share_memory_), and changed when an
+// export is made or freed, never on a plain call.
+struct ExportRegistry {
+  std::mutex mutex;
+  std::unordered_map<const c10::StorageImpl*, c10::SmallVector<ExportRecord*, 1>> by_flagos;
+  std::atomic<size_t> count{0};
+};
+
+ExportRegistry& exportRegistry() {
+  static auto* registry = new ExportRegistry(); // never destroyed: exports may die at exit
+  return *registry;
 }
+
+void releaseExport(void* ctx) {
+  auto* record = static_cast<ExportRecord*>(ctx);
+  if (record->native != nullptr) {
+    ExportRegistry& r = exportRegistry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto found = r.by_flagos.find(record->flagos);
+    if (found != r.by_flagos.end()) {
+      auto& list = found->second;
+      list.erase(std::remove(list.begin(), list.end(), record), list.end());
+      if (list.empty()) {
+        r.by_flagos.erase(found);
+      }
+    }
+    r.count.fetch_sub(1, std::memory_order_relaxed);
+  }
+  // Outside the lock: the last reference frees the flagos storage, whose own
+  // memory may be another export's.
+  c10::raw::intrusive_ptr::decref(record->flagos);
+  delete record;
+}
+
+// What an export's storage does when asked to grow: it cannot take new
+// memory of its own, or the flagos tensor would no longer see it.
+class ExportAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    refuse(nbytes);
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return nullptr;
+  }
+  void copy_data(void*, const void*, std::size_t nbytes) const override {
+    refuse(nbytes);
+  }
+
+ private:
+  [[noreturn]] static void refuse(size_t nbytes) {
+    TORCH_CHECK(
+        false, "flagos: this tensor shares its memory with a flagos tensor (flagos_core.as_native, or a plugin's ",
+        "native alias), so its storage cannot take new memory (", nbytes, " bytes asked): the flagos tensor would ",
+        "no longer see it. Resize the flagos tensor instead; the native one follows it.");
+  }
+};
+
+ExportAllocator g_export_allocator;
 
 // Owns a native storage on behalf of a flagos DataPtr over the same memory;
 // after moveOnto, also the flagos storage's previous allocation.
@@ -33,6 +104,33 @@ ForeignStorageRef* foreignRefOf(const c10::StorageImpl* flagos) {
   const c10::DataPtr& ptr = flagos->data_ptr();
   return ptr.get_deleter() == &deleteForeignStorageRef ? static_cast<ForeignStorageRef*>(ptr.get_context()) : nullptr;
 }
+
+} // namespace
+
+void followExports(c10::StorageImpl* flagos) {
+  ExportRegistry& r = exportRegistry();
+  if (C10_LIKELY(r.count.load(std::memory_order_relaxed) == 0)) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto found = r.by_flagos.find(flagos);
+  if (found == r.by_flagos.end()) {
+    return;
+  }
+  void* data = flagos->mutable_data_ptr().get();
+  for (ExportRecord* record : found->second) {
+    c10::DataPtr& ptr = record->native->mutable_data_ptr();
+    if (ptr.get() == data) {
+      continue;
+    }
+    const c10::Device device = ptr.device();
+    (void)ptr.release_context(); // the new DataPtr below owns the record now
+    record->native->set_data_ptr_noswap(c10::DataPtr(data, record, &releaseExport, device));
+    record->native->set_nbytes(flagos->nbytes());
+  }
+}
+
+namespace {
 
 // A flagos storage over a native one (from_native, a kernel's view of a
 // non-flagos argument) took that storage's data pointer when it was made.
@@ -53,6 +151,7 @@ C10_NOINLINE void* followWrappedStorage(c10::StorageImpl* flagos, ForeignStorage
     (void)ptr.release_context(); // `followed` owns the record now
     flagos->set_data_ptr_noswap(std::move(followed));
     flagos->set_nbytes(native->nbytes());
+    followExports(flagos);
   }
   return now;
 }
@@ -66,10 +165,21 @@ void* currentData(c10::StorageImpl* flagos) {
   return data;
 }
 
-c10::DataPtr aliasDataPtr(c10::StorageImpl* flagos, c10::Device native) {
+// An export's pointer into the flagos storage's memory; registerExport
+// enters it once its StorageImpl is made.
+c10::DataPtr exportDataPtr(c10::StorageImpl* flagos, c10::Device native) {
   void* data = currentData(flagos);
   c10::raw::intrusive_ptr::incref(flagos);
-  return c10::DataPtr(data, flagos, &releaseFlagosStorage, native);
+  return c10::DataPtr(data, new ExportRecord{flagos}, &releaseExport, native);
+}
+
+void registerExport(c10::StorageImpl* native) {
+  auto* record = static_cast<ExportRecord*>(native->data_ptr().get_context());
+  ExportRegistry& r = exportRegistry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  record->native = native;
+  r.by_flagos[record->flagos].push_back(record);
+  r.count.fetch_add(1, std::memory_order_relaxed);
 }
 
 // A pooled alias borrows the flagos storage for the call (the caller holds
@@ -79,6 +189,17 @@ void borrowedFlagosStorage(void*) {}
 
 c10::DataPtr borrowedDataPtr(c10::StorageImpl* flagos, c10::Device native) {
   return c10::DataPtr(currentData(flagos), flagos, &borrowedFlagosStorage, native);
+}
+
+// The flagos storage a pooled alias's or an export's pointer is into, or null.
+c10::StorageImpl* flagosStorageBehind(const c10::DataPtr& ptr) {
+  if (ptr.get_deleter() == &borrowedFlagosStorage) {
+    return static_cast<c10::StorageImpl*>(ptr.get_context());
+  }
+  if (ptr.get_deleter() == &releaseExport) {
+    return static_cast<ExportRecord*>(ptr.get_context())->flagos;
+  }
+  return nullptr;
 }
 
 // The TensorImpl of every native alias: a plain TensorImpl that takes a
@@ -314,24 +435,37 @@ void pointAliasAt(AliasImpl& alias, const c10::TensorImpl& t, c10::Device native
 
 } // namespace
 
-c10::Storage nativeStorageFor(c10::StorageImpl* flagos, c10::Device native) {
-  c10::DataPtr data = aliasDataPtr(flagos, native); // first: a wrapped storage may follow its native one
-  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), flagos->sym_nbytes(), std::move(data), c10::GetAllocator(native.type()),
-      flagos->resizable()));
+c10::Storage nativeStorageFor(c10::StorageImpl* flagos, c10::Device native, bool growable) {
+  c10::DataPtr data = exportDataPtr(flagos, native); // first: a wrapped storage may follow its native one
+  c10::Allocator* allocator = growable ? c10::GetAllocator(native.type()) : &g_export_allocator;
+  auto impl = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), flagos->sym_nbytes(), std::move(data), allocator, flagos->resizable());
+  registerExport(impl.get());
+  return c10::Storage(std::move(impl));
+}
+
+c10::Storage exportedStorage(c10::StorageImpl* flagos, c10::Device native) {
+  if (ForeignStorageRef* ref = foreignRefOf(flagos)) {
+    // The memory is a native storage's (from_native, shared memory): that
+    // storage itself, as natively every tensor over the memory shares it.
+    c10::Storage& wrapped = ref->storage;
+    if (wrapped.device() == native) {
+      (void)currentData(flagos);
+      return wrapped;
+    }
+  }
+  return nativeStorageFor(flagos, native, false);
 }
 
 bool isAliasOf(const c10::DataPtr& native, const c10::StorageImpl* flagos) {
-  return native.get_context() == flagos &&
-      (native.get_deleter() == &borrowedFlagosStorage || native.get_deleter() == &releaseFlagosStorage);
+  return flagosStorageBehind(native) == flagos;
 }
 
 std::optional<c10::Storage> aliasedFlagosStorage(const c10::Storage& native) {
-  const c10::DataPtr& ptr = native.unsafeGetStorageImpl()->data_ptr();
-  if (ptr.get_deleter() != &releaseFlagosStorage && ptr.get_deleter() != &borrowedFlagosStorage) {
+  c10::StorageImpl* flagos = flagosStorageBehind(native.unsafeGetStorageImpl()->data_ptr());
+  if (flagos == nullptr) {
     return std::nullopt;
   }
-  auto* flagos = static_cast<c10::StorageImpl*>(ptr.get_context());
   return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(flagos));
 }
 
@@ -373,6 +507,7 @@ void moveOnto(const c10::Storage& flagos, c10::Storage target) {
   auto* ref = new ForeignStorageRef{std::move(target), c10::DataPtr()};
   ref->previous = impl->set_data_ptr(c10::DataPtr(data, ref, &deleteForeignStorageRef, label));
   impl->set_resizable(false);
+  followExports(impl);
 }
 
 const c10::DataPtr& allocationOf(const c10::Storage& flagos) {
@@ -430,7 +565,9 @@ void recycleAlias(AliasPool* pool, at::Tensor&& alias, const c10::StorageImpl* m
     // storage, which the caller's tensor keeps alive until now.
     c10::DataPtr& ptr = s->mutable_data_ptr();
     if (ptr.get_deleter() == &borrowedFlagosStorage) {
-      s->set_data_ptr_noswap(aliasDataPtr(static_cast<c10::StorageImpl*>(ptr.get_context()), ptr.device()));
+      s->set_data_ptr_noswap(exportDataPtr(static_cast<c10::StorageImpl*>(ptr.get_context()), ptr.device()));
+      registerExport(s);
+      s->set_allocator(&g_export_allocator);
     }
     return; // refcounting frees it
   }

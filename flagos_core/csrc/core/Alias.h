@@ -14,9 +14,21 @@
 
 namespace flagos::detail {
 
-// A native storage over a flagos storage's memory; it holds a reference on
-// the flagos StorageImpl, so the memory outlives anything a kernel keeps.
-c10::Storage nativeStorageFor(c10::StorageImpl* flagos, c10::Device native);
+// A native storage over a flagos storage's memory (an export); it holds a
+// reference on the flagos StorageImpl, so the memory outlives anything a
+// kernel keeps, and it follows the flagos storage when that moves
+// (followExports). `growable`: a resize may give it memory of its own (a
+// Storage argument of one call, whose kernel may resize it as natively);
+// otherwise growing it raises, since the flagos tensor would not see it.
+c10::Storage nativeStorageFor(c10::StorageImpl* flagos, c10::Device native, bool growable);
+// The native storage for as_native and nativeAliasOf: the one a flagos
+// storage wraps where it wraps one on `native` (from_native, shared memory),
+// else a new export that cannot grow.
+c10::Storage exportedStorage(c10::StorageImpl* flagos, c10::Device native);
+// After a flagos storage's memory moved (a resize, share_memory_, following
+// the native storage it wraps): its exports point at the new memory, with its
+// size, as natively all tensors over one storage see it move.
+void followExports(c10::StorageImpl* flagos);
 // Whether `native` is an alias storage's pointer into `flagos`'s memory.
 bool isAliasOf(const c10::DataPtr& native, const c10::StorageImpl* flagos);
 // The flagos storage an alias storage points at, if `native` is one.
@@ -32,9 +44,9 @@ const c10::DataPtr& allocationOf(const c10::Storage& flagos);
 std::optional<c10::Storage> wrappedStorage(const c10::Storage& flagos);
 // Moves a flagos storage onto `target`, host memory of the same size: its
 // bytes are copied and the flagos StorageImpl points at target's memory from
-// then on, in place, so every flagos tensor over it sees the new memory (how
-// a storage moves into shared memory). The previous allocation lives on with
-// the storage: an alias taken before and kept still points there.
+// then on, in place, so every flagos tensor over it, and every export, sees
+// the new memory (how a storage moves into shared memory). The previous
+// allocation lives on with the storage.
 void moveOnto(const c10::Storage& flagos, c10::Storage target);
 // A new flagos TensorImpl over `storage` with `geometry`'s sizes, strides, dtype.
 at::Tensor flagosTensorOver(c10::Storage storage, const at::Tensor& geometry);

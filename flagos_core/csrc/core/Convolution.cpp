@@ -13,8 +13,10 @@
 namespace flagos {
 namespace {
 
-at::Tensor back(const at::Tensor& t, c10::DeviceIndex index) {
-  return t.defined() ? adoptNative(t, index) : t;
+// A result as a flagos tensor: relabelled in place when the kernel made it
+// for this call alone, as the router's results are.
+at::Tensor back(at::Tensor&& t, c10::DeviceIndex index) {
+  return t.defined() ? adoptNative(std::move(t), index) : t;
 }
 
 at::Tensor convolution(
@@ -28,10 +30,16 @@ at::Tensor convolution(
     c10::IntArrayRef output_padding,
     int64_t groups) {
   c10::DeviceGuard guard(input.device());
-  std::optional<at::Tensor> native_bias = bias.has_value() ? std::optional<at::Tensor>(nativeAliasOf(*bias)) : std::nullopt;
+  // Pooled aliases for the call, as the router's kernels take (an alias
+  // that outlives a call costs a registration: followExports).
+  const ScopedNativeAlias native_input(input);
+  const ScopedNativeAlias native_weight(weight);
+  static const at::Tensor kNoBias;
+  const ScopedNativeAlias native_bias(bias.has_value() ? *bias : kNoBias); // both lvalues: no copy to outlive
   at::Tensor out = at::convolution(
-      nativeAliasOf(input), nativeAliasOf(weight), native_bias, stride, padding, dilation, transposed, output_padding, groups);
-  return back(out, input.device().index());
+      native_input.get(), native_weight.get(), bias.has_value() ? std::optional<at::Tensor>(native_bias.get()) : std::nullopt,
+      stride, padding, dilation, transposed, output_padding, groups);
+  return back(std::move(out), input.device().index());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
@@ -52,11 +60,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
     bias_size = {transposed ? weight.size(1) * groups : weight.size(0)};
     bias_sizes = bias_size;
   }
+  const ScopedNativeAlias native_grad(grad_output);
+  const ScopedNativeAlias native_input(input);
+  const ScopedNativeAlias native_weight(weight);
   auto grads = at::convolution_backward(
-      nativeAliasOf(grad_output), nativeAliasOf(input), nativeAliasOf(weight), bias_sizes, stride, padding, dilation, transposed,
+      native_grad.get(), native_input.get(), native_weight.get(), bias_sizes, stride, padding, dilation, transposed,
       output_padding, groups, output_mask);
   const auto index = input.device().index();
-  return {back(std::get<0>(grads), index), back(std::get<1>(grads), index), back(std::get<2>(grads), index)};
+  return {back(std::move(std::get<0>(grads)), index), back(std::move(std::get<1>(grads)), index),
+          back(std::move(std::get<2>(grads)), index)};
 }
 
 } // namespace

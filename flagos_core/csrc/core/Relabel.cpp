@@ -32,7 +32,7 @@ c10::IValue convertResult(c10::IValue value, CallState& state, c10::DeviceIndex 
 at::Tensor toNative(const at::Tensor& t, c10::Device native) {
   const c10::TensorImpl* src = t.unsafeGetTensorImpl();
   auto impl = c10::make_intrusive<c10::TensorImpl>(
-      detail::nativeStorageFor(src->storage().unsafeGetStorageImpl(), native), detail::keysFor(native), t.dtype());
+      detail::exportedStorage(src->storage().unsafeGetStorageImpl(), native), detail::keysFor(native), t.dtype());
   detail::copyGeometry(*src, *impl);
   return at::Tensor(std::move(impl));
 }
@@ -113,7 +113,7 @@ void RelabelProvider::call(
     } else if (v.isStorage() && v.toStorage().device().type() == c10::DeviceType::PrivateUse1) {
       const c10::Storage storage = v.toStorage();
       state.noteDevice(storage.device(), i);
-      v = detail::nativeStorageFor(storage.unsafeGetStorageImpl(), rt.nativeDevice(storage.device().index()));
+      v = detail::nativeStorageFor(storage.unsafeGetStorageImpl(), rt.nativeDevice(storage.device().index()), true);
     } else if (v.isGenerator() || (info.takes_generator && v.isNone() && isOptionalGenerator(args[i]))) {
       generator_args.push_back(i);
     } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {

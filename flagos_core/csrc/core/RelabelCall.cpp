@@ -221,6 +221,7 @@ void carryOverChange(const Alias& a, c10::DeviceIndex index, c10::ArrayRef<const
     ptr.unsafe_set_device(c10::Device(c10::DeviceType::PrivateUse1, index));
     orig_storage->set_data_ptr_noswap(std::move(ptr));
     orig_storage->set_nbytes(impl->nbytes());
+    followExports(orig_storage); // and every native tensor exported from it
   } else {
     orig->set_storage_keep_dtype(
         flagosStorageFor(native_storage, index, !isForeign(native_storage.unsafeGetStorageImpl(), foreign)));

@@ -1,6 +1,8 @@
 // PrivateUse1 hooks (generators, pinned memory, storage resize) and the
 // allocator PyTorch sees for `flagos`: both forward to the active runtime.
 
+#include "core/Alias.h"
+
 #include <flagos/Runtime.h>
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -71,6 +73,7 @@ struct FlagosHooks final : public at::PrivateUse1HooksInterface {
     }
     impl->set_data_ptr_noswap(std::move(fresh));
     impl->set_nbytes(new_bytes);
+    detail::followExports(impl);
   }
 };
 
