@@ -2,7 +2,9 @@
 without a copy. It must stay over that memory as a native view of the same
 storage does, also when the native storage moves afterwards (share_memory_
 into shared memory, a resize_ that grows it): the old memory is freed then,
-and a flagos tensor still pointing there read garbage."""
+and a flagos tensor still pointing there read garbage. Growing the flagos
+tensor grows the native storage, as growing one of two native tensors over
+a storage does."""
 
 import pytest
 import torch
@@ -49,3 +51,30 @@ def test_writes_are_seen_both_ways(native_device):
     assert torch.equal(flagos.cpu(), torch.full((4,), 2.0))
     flagos.mul_(3)
     assert torch.equal(native.cpu(), torch.full((4,), 6.0))
+
+
+def test_growing_the_flagos_tensor_grows_the_native_storage(native_device):
+    # The reference: natively, growing one of two tensors over a storage
+    # gives that storage the new memory, and the other tensor sees it.
+    reference = torch.arange(6.0, device=native_device)
+    reference.detach().resize_(4096)
+    native = torch.arange(6.0, device=native_device)
+    flagos = flagos_core.from_native(native)
+
+    flagos.resize_(4096)
+    scratch = torch.full((1 << 20,), 7.0, device=native_device)  # reuses the memory given up
+    assert native.untyped_storage().nbytes() == reference.untyped_storage().nbytes()
+    assert flagos.data_ptr() == native.data_ptr()
+    assert torch.equal(native.cpu(), reference.cpu())
+    flagos[:6] += 10.0
+    native[0] = -1.0
+    assert flagos[:6].cpu().tolist() == [-1.0, 11.0, 12.0, 13.0, 14.0, 15.0]
+    assert torch.equal(native.cpu(), flagos[:6].cpu())
+    del scratch
+
+
+def test_storage_resize_of_a_wrapped_storage_names_what_to_resize(native_device):
+    flagos = flagos_core.from_native(torch.arange(6.0, device=native_device))
+    with pytest.raises(RuntimeError, match="from_native.*resize the flagos tensor"):
+        flagos.untyped_storage().resize_(4096)
+    assert flagos.cpu().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]

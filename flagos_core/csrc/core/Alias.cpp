@@ -481,9 +481,30 @@ c10::Storage flagosStorageFor(const c10::Storage& native, c10::DeviceIndex index
     return native;
   }
   void* data = impl->mutable_data_ptr().get();
+  // Growable as the native storage is, where a grown alias's memory (the
+  // native device's) can become that storage's (growWrappedStorage); not
+  // over an export, which cannot take memory of its own.
+  const bool resizable = impl->resizable() && impl->allocator() != &g_export_allocator &&
+      impl->device() == callConstants().nativeDevice(index);
   c10::DataPtr wrapped(data, new ForeignStorageRef{native}, &deleteForeignStorageRef, label);
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), impl->sym_nbytes(), std::move(wrapped), nullptr, false));
+      c10::StorageImpl::use_byte_size_t(), impl->sym_nbytes(), std::move(wrapped),
+      resizable ? callConstants().allocator : nullptr, resizable));
+}
+
+bool growWrappedStorage(c10::StorageImpl* flagos, c10::StorageImpl* grown) {
+  ForeignStorageRef* ref = foreignRefOf(flagos);
+  if (ref == nullptr) {
+    return false;
+  }
+  c10::StorageImpl* native = ref->storage.unsafeGetStorageImpl();
+  // As the native resize would (the native storage may have become fixed
+  // since: share_memory_); the grown memory is freed with the alias.
+  TORCH_CHECK(native->resizable(), "Trying to resize storage that is not resizable");
+  native->set_data_ptr_noswap(std::move(grown->mutable_data_ptr()));
+  native->set_nbytes(grown->nbytes());
+  (void)currentData(flagos); // follows, and its exports with it
+  return true;
 }
 
 std::optional<c10::Storage> wrappedStorage(const c10::Storage& flagos) {

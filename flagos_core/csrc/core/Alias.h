@@ -39,6 +39,12 @@ c10::Storage flagosStorageFor(const c10::Storage& native, c10::DeviceIndex index
 // The allocation behind a flagos storage, as its allocator made it: the
 // native storage's DataPtr where flagosStorageFor wrapped one, else its own.
 const c10::DataPtr& allocationOf(const c10::Storage& flagos);
+// After a kernel grew an alias of `flagos` into new memory (`grown`, the
+// alias's storage, of the native device): where `flagos` wraps a native
+// storage, that storage takes the memory, as a native resize would give it,
+// and `flagos` follows. Returns false, changing nothing, for any other
+// flagos storage.
+bool growWrappedStorage(c10::StorageImpl* flagos, c10::StorageImpl* grown);
 // The native storage a flagos storage uses the memory of (from_native, or
 // moved by moveOnto), if it uses one.
 std::optional<c10::Storage> wrappedStorage(const c10::Storage& flagos);

@@ -213,6 +213,10 @@ void carryOverChange(const Alias& a, c10::DeviceIndex index, c10::ArrayRef<const
     // Same memory, new geometry: below.
   } else if (auto flagos = aliasedFlagosStorage(native_storage)) {
     orig->set_storage_keep_dtype(*flagos); // set_ onto another flagos tensor
+  } else if (native_storage.unsafeGetStorageImpl() == a.native_storage &&
+             growWrappedStorage(orig_storage, native_storage.unsafeGetStorageImpl())) {
+    // Resized in place, over a native storage (from_native): that storage
+    // took the new memory, and the flagos storage follows it.
   } else if (native_storage.unsafeGetStorageImpl() == a.native_storage) {
     // Resized in place: the flagos storage takes the new memory, so every
     // flagos view of it sees the change, as with a native resize.

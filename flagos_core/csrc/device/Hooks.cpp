@@ -64,6 +64,9 @@ struct FlagosHooks final : public at::PrivateUse1HooksInterface {
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t new_bytes) const override {
     c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
     TORCH_CHECK(impl->resizable(), "flagos: this storage is not resizable");
+    TORCH_CHECK(!detail::wrappedStorage(storage).has_value(),
+                "flagos: this storage is a native tensor's memory (from_native); resize the flagos tensor, or ",
+                "the native tensor's storage, instead");
     DeviceRuntime& rt = activeRuntime();
     c10::DeviceGuard guard(impl->device());
     c10::DataPtr fresh = rt.allocator()->allocate(new_bytes);
