@@ -56,6 +56,10 @@ CASES = {
     "foreach over many disjoint views": lambda a: torch._foreach_add_(
         [a[i:i + 1] for i in range(6)], [a[i + 8:i + 9] for i in range(6)]),
     "set_ onto its own storage": lambda a: a[:4].set_(a.untyped_storage(), 2, (3,), (1,)).add_(1),
+    # set_ with sizes beyond the storage grows it in place: the tensors
+    # already over it see the new memory.
+    "set_ growing the storage": lambda a: torch.empty(0, device=a.device).set_(
+        a.untyped_storage(), 0, (32,), (1,)).fill_(3.0),
 }
 
 
@@ -94,3 +98,14 @@ def test_calls_after_shared_aliases_are_unaffected(native_device):
     assert torch.equal(fx.cpu(), x + y)
     assert torch.equal(torch.mul(fx, fy).cpu(), (x + y) * y)
     assert torch.equal(fy.cpu(), y)
+
+
+def test_is_set_to_compares_the_flagos_storages(native_device):
+    # Each tensor of a call has its own alias, so on aliases no two tensors
+    # were ever set to each other.
+    def outcomes(device):
+        a = torch.arange(16.0, device=device)
+        b = torch.empty(0, device=device).set_(a)
+        return [b.is_set_to(a), a.view(16).is_set_to(a), a[1:].is_set_to(a), a.clone().is_set_to(a)]
+
+    assert outcomes("flagos") == outcomes(native_device) == [True, True, False, False]

@@ -507,6 +507,23 @@ bool growWrappedStorage(c10::StorageImpl* flagos, c10::StorageImpl* grown) {
   return true;
 }
 
+void keepExportOver(c10::StorageImpl* flagos, c10::StorageImpl* native) {
+  if (C10_LIKELY(flagosStorageBehind(native->data_ptr()) == flagos)) {
+    return; // still over the flagos storage's memory
+  }
+  const c10::Device device = native->data_ptr().device();
+  if (!growWrappedStorage(flagos, native)) {
+    c10::DataPtr ptr = std::move(native->mutable_data_ptr());
+    ptr.unsafe_set_device(flagos->data_ptr().device());
+    flagos->set_data_ptr_noswap(std::move(ptr));
+    flagos->set_nbytes(native->nbytes());
+    followExports(flagos);
+  }
+  native->set_data_ptr_noswap(exportDataPtr(flagos, device));
+  native->set_nbytes(flagos->nbytes());
+  registerExport(native);
+}
+
 std::optional<c10::Storage> wrappedStorage(const c10::Storage& flagos) {
   const ForeignStorageRef* ref = foreignRefOf(flagos.unsafeGetStorageImpl());
   return ref ? std::optional<c10::Storage>(ref->storage) : std::nullopt;

@@ -45,6 +45,11 @@ const c10::DataPtr& allocationOf(const c10::Storage& flagos);
 // and `flagos` follows. Returns false, changing nothing, for any other
 // flagos storage.
 bool growWrappedStorage(c10::StorageImpl* flagos, c10::StorageImpl* grown);
+// After a kernel that took `native`, an export of `flagos`, as a Storage
+// argument: if the kernel gave it new memory (set_ growing it), `flagos`
+// takes that memory (every flagos tensor over it sees it, as natively), and
+// `native` is pointed back into it.
+void keepExportOver(c10::StorageImpl* flagos, c10::StorageImpl* native);
 // The native storage a flagos storage uses the memory of (from_native, or
 // moved by moveOnto), if it uses one.
 std::optional<c10::Storage> wrappedStorage(const c10::Storage& flagos);

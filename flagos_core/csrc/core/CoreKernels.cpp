@@ -10,6 +10,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/ATen.h>
+#include <ATen/ops/is_set_to_native.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -154,4 +155,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", TORCH_FN(flagos::copyFrom));
   m.impl("_copy_from_and_resize", TORCH_FN(flagos::copyFromAndResize));
   m.impl("record_stream", TORCH_FN(flagos::recordStream));
+  // Compares storages, offsets and geometry, on any device: run on the
+  // flagos tensors themselves, whose storages are the ones to compare (their
+  // aliases in a call each have their own).
+  m.impl("is_set_to", TORCH_FN(at::native::is_set_to));
 }

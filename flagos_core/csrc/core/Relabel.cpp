@@ -89,6 +89,9 @@ void RelabelProvider::call(
   CallState state(op, info, c);
   c10::SmallVector<size_t, 2> generator_args;
   c10::SmallVector<size_t, 2> device_args;
+  // Storage arguments (set_) and their native stand-ins, which the kernel
+  // may grow, as set_ grows a storage too small for the sizes it is given.
+  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 1> storage_args;
 
   for (size_t i = 0; i < args.size(); ++i) {
     c10::IValue& v = (*stack)[first + i];
@@ -114,6 +117,7 @@ void RelabelProvider::call(
       const c10::Storage storage = v.toStorage();
       state.noteDevice(storage.device(), i);
       v = detail::nativeStorageFor(storage.unsafeGetStorageImpl(), rt.nativeDevice(storage.device().index()), true);
+      storage_args.emplace_back(storage.unsafeGetStorageImpl(), v.toStorage());
     } else if (v.isGenerator() || (info.takes_generator && v.isNone() && isOptionalGenerator(args[i]))) {
       generator_args.push_back(i);
     } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
@@ -148,6 +152,9 @@ void RelabelProvider::call(
     op.redispatchBoxed(c.native_keys, stack);
   }
 
+  for (auto& [flagos, native] : storage_args) {
+    detail::keepExportOver(flagos, native.unsafeGetStorageImpl()); // first: the written tensors may be over it
+  }
   if (info.writes) {
     state.writeBackAll(index);
   }

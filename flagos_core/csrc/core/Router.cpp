@@ -210,10 +210,12 @@ void dynamicKernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, Stac
   dispatchSlot(dynamicSlot(op), op, keys, stack);
 }
 
-// Overloads the core serves itself (allocation, copies, record_stream: CoreKernels.cpp).
+// Overloads the core serves itself (allocation, copies, record_stream,
+// is_set_to: CoreKernels.cpp).
 const std::unordered_set<std::string>& coreOwned() {
   static const std::unordered_set<std::string> names = {
-      "empty.memory_format", "empty_strided", "copy_", "_copy_from", "_copy_from_and_resize", "record_stream"};
+      "empty.memory_format", "empty_strided", "copy_", "_copy_from", "_copy_from_and_resize", "record_stream",
+      "is_set_to"};
   return names;
 }
 
