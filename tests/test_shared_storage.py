@@ -109,3 +109,15 @@ def test_is_set_to_compares_the_flagos_storages(native_device):
         return [b.is_set_to(a), a.view(16).is_set_to(a), a[1:].is_set_to(a), a.clone().is_set_to(a)]
 
     assert outcomes("flagos") == outcomes(native_device) == [True, True, False, False]
+
+
+def test_equal_over_one_storage_as_natively(native_device):
+    # CUDA's equal answers true for two tensors over one storage with one
+    # geometry without reading them, NaNs or not; CPU's reads them. On flagos
+    # each tensor of a call had its own alias, so CUDA's shortcut never held.
+    def outcomes(device):
+        a = torch.tensor([float("nan"), 1.0, 1.0, 2.0], device=device)
+        return [torch.equal(a, a), torch.equal(a, a.view(4)), torch.equal(a[1:2], a[2:3]),
+                torch.equal(a[1:], a[1:].clone())]
+
+    assert outcomes("flagos") == outcomes(native_device)

@@ -123,6 +123,12 @@ void describe(Slot& slot, const c10::OperatorHandle& op) {
     slot.writes = slot.writes || isWritten(arg);
     slot.takes_generator = slot.takes_generator || isOptionalGenerator(arg);
   }
+  // Kernels that read their arguments' storage identity: CUDA's `equal`
+  // answers true for two tensors over one storage with the same geometry
+  // without comparing values (NaNs included). Taken as writing calls, their
+  // aliases of one flagos storage share one native storage, as natively.
+  static const std::unordered_set<std::string> compare_storages = {"equal"};
+  slot.writes = slot.writes || compare_storages.count(slot.name) != 0;
 }
 
 KernelProvider* resolve(size_t index, const c10::OperatorHandle& op) {

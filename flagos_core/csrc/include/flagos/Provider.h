@@ -20,6 +20,8 @@ struct OpSlotInfo {
   // PyTorch's `device_check: ExactSame`: every tensor argument on one device.
   bool exact_device;
   // Some argument is written (in-place / out=): resizes must be carried back.
+  // Also set for the few kernels that compare their arguments' storages
+  // (`equal`): aliases of one flagos storage then share one native storage.
   bool writes;
   // Some argument is a Generator?.
   bool takes_generator;
