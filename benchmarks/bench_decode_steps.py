@@ -42,6 +42,7 @@ from hw_counters import HardwareCounters  # noqa: E402
 from order_balance import order_balanced  # noqa: E402
 
 RESULT = re.compile(r"^median ratio \(flagos speed / native\): ([0-9.]+) over")
+ROUND = re.compile(r"^round \d+: .* ratio ([0-9.]+)$")  # a timed round's line (not the warm-up's)
 
 
 def decode_round(models, prompt, tokens, time_step):
@@ -145,7 +146,11 @@ def run_processes(args):
         ratios.append(float(found[-1].group(1)))
         flagos_first.append(first == "flagos")
         same = same and "tokens equal" in out.stdout
-        print(f"process {i + 1}/{args.processes}, {first} built first: median ratio {ratios[-1]:.3f}", flush=True)
+        # Each timed round's ratio too: a ratio rising round by round is a
+        # side still warming up, which fewer rounds would count against it.
+        rounds = [m.group(1) for m in map(ROUND.match, out.stdout.splitlines()) if m]
+        print(f"process {i + 1}/{args.processes}, {first} built first: median ratio {ratios[-1]:.3f} "
+              f"(rounds: {' '.join(rounds)})", flush=True)
     print(f"over {len(ratios)} processes: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-"
           f"{max(ratios):.3f}, order-balanced {order_balanced(ratios, flagos_first):.3f}; "
           f"tokens {'equal' if same else 'NOT equal'} in every process")
