@@ -492,6 +492,10 @@ c10::Storage flagosStorageFor(const c10::Storage& native, c10::DeviceIndex index
       resizable ? callConstants().allocator : nullptr, resizable));
 }
 
+namespace {
+
+// takeGrownMemory for a flagos storage over a native one; false, changing
+// nothing, for any other.
 bool growWrappedStorage(c10::StorageImpl* flagos, c10::StorageImpl* grown) {
   ForeignStorageRef* ref = foreignRefOf(flagos);
   if (ref == nullptr) {
@@ -507,18 +511,25 @@ bool growWrappedStorage(c10::StorageImpl* flagos, c10::StorageImpl* grown) {
   return true;
 }
 
+} // namespace
+
+void takeGrownMemory(c10::StorageImpl* flagos, c10::StorageImpl* grown) {
+  if (growWrappedStorage(flagos, grown)) {
+    return;
+  }
+  c10::DataPtr ptr = std::move(grown->mutable_data_ptr());
+  ptr.unsafe_set_device(flagos->data_ptr().device());
+  flagos->set_data_ptr_noswap(std::move(ptr));
+  flagos->set_nbytes(grown->nbytes());
+  followExports(flagos);
+}
+
 void keepExportOver(c10::StorageImpl* flagos, c10::StorageImpl* native) {
   if (C10_LIKELY(flagosStorageBehind(native->data_ptr()) == flagos)) {
     return; // still over the flagos storage's memory
   }
   const c10::Device device = native->data_ptr().device();
-  if (!growWrappedStorage(flagos, native)) {
-    c10::DataPtr ptr = std::move(native->mutable_data_ptr());
-    ptr.unsafe_set_device(flagos->data_ptr().device());
-    flagos->set_data_ptr_noswap(std::move(ptr));
-    flagos->set_nbytes(native->nbytes());
-    followExports(flagos);
-  }
+  takeGrownMemory(flagos, native);
   native->set_data_ptr_noswap(exportDataPtr(flagos, device));
   native->set_nbytes(flagos->nbytes());
   registerExport(native);

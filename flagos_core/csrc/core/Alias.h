@@ -39,12 +39,12 @@ c10::Storage flagosStorageFor(const c10::Storage& native, c10::DeviceIndex index
 // The allocation behind a flagos storage, as its allocator made it: the
 // native storage's DataPtr where flagosStorageFor wrapped one, else its own.
 const c10::DataPtr& allocationOf(const c10::Storage& flagos);
-// After a kernel grew an alias of `flagos` into new memory (`grown`, the
-// alias's storage, of the native device): where `flagos` wraps a native
-// storage, that storage takes the memory, as a native resize would give it,
-// and `flagos` follows. Returns false, changing nothing, for any other
-// flagos storage.
-bool growWrappedStorage(c10::StorageImpl* flagos, c10::StorageImpl* grown);
+// After a kernel gave a native storage over `flagos`'s memory new memory
+// (`grown`: an alias or export that a resize grew): `flagos` takes it, so
+// every flagos tensor over it and every export sees it, as natively. Where
+// `flagos` wraps a native storage (from_native), that storage takes it, as a
+// native resize would give it, and `flagos` follows.
+void takeGrownMemory(c10::StorageImpl* flagos, c10::StorageImpl* grown);
 // After a kernel that took `native`, an export of `flagos`, as a Storage
 // argument: if the kernel gave it new memory (set_ growing it), `flagos`
 // takes that memory (every flagos tensor over it sees it, as natively), and

@@ -213,19 +213,10 @@ void carryOverChange(const Alias& a, c10::DeviceIndex index, c10::ArrayRef<const
     // Same memory, new geometry: below.
   } else if (auto flagos = aliasedFlagosStorage(native_storage)) {
     orig->set_storage_keep_dtype(*flagos); // set_ onto another flagos tensor
-  } else if (native_storage.unsafeGetStorageImpl() == a.native_storage &&
-             growWrappedStorage(orig_storage, native_storage.unsafeGetStorageImpl())) {
-    // Resized in place, over a native storage (from_native): that storage
-    // took the new memory, and the flagos storage follows it.
   } else if (native_storage.unsafeGetStorageImpl() == a.native_storage) {
     // Resized in place: the flagos storage takes the new memory, so every
     // flagos view of it sees the change, as with a native resize.
-    c10::StorageImpl* impl = native_storage.unsafeGetStorageImpl();
-    c10::DataPtr ptr = std::move(impl->mutable_data_ptr());
-    ptr.unsafe_set_device(c10::Device(c10::DeviceType::PrivateUse1, index));
-    orig_storage->set_data_ptr_noswap(std::move(ptr));
-    orig_storage->set_nbytes(impl->nbytes());
-    followExports(orig_storage); // and every native tensor exported from it
+    takeGrownMemory(orig_storage, native_storage.unsafeGetStorageImpl());
   } else {
     orig->set_storage_keep_dtype(
         flagosStorageFor(native_storage, index, !isForeign(native_storage.unsafeGetStorageImpl(), foreign)));
