@@ -130,6 +130,16 @@ void followExports(c10::StorageImpl* flagos) {
   }
 }
 
+// A native kernel's quantized result (quantize_per_tensor and the like)
+// cannot become a flagos tensor: flagos has no quantized kernels, so every
+// later call on it would fail.
+void checkNotQuantized(const c10::TensorImpl& impl) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !impl.is_quantized(),
+      "flagos: this call's native kernel returned a quantized tensor, and flagos holds unquantized tensors only. "
+      "Quantize on the CPU (.cpu() first), or dequantize (.dequantize()) before moving the result to flagos.");
+}
+
 namespace {
 
 // A flagos storage over a native one (from_native, a kernel's view of a
@@ -278,6 +288,7 @@ class AliasImpl final : public c10::TensorImpl {
         return;
       }
     }
+    checkNotQuantized(impl);
     impl._change_backend_component_keys(label);
   }
 

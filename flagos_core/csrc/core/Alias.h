@@ -91,4 +91,7 @@ void recycleAlias(AliasPool* pool, at::Tensor&& alias, const c10::StorageImpl* m
 // Returns false (and changes nothing) otherwise.
 bool relabelIfSoleOwner(at::Tensor& t, c10::DeviceIndex index);
 
+// Raises for a quantized native result, which cannot become a flagos tensor.
+void checkNotQuantized(const c10::TensorImpl& impl);
+
 } // namespace flagos::detail

@@ -253,7 +253,8 @@ at::Tensor adoptSharedResult(
   }
   TORCH_CHECK(
       t.layout() == c10::kStrided && t.has_storage(), "flagos: ", op.operator_name(), " returned a ", t.layout(),
-      " tensor; flagos tensors are strided");
+      " tensor, and flagos holds strided (dense) tensors only. Make such tensors on the CPU (.cpu() first)");
+  checkNotQuantized(*t.unsafeGetTensorImpl());
   const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   for (const Alias& a : aliases) {
     if (a.native_storage == storage) {
