@@ -62,7 +62,7 @@ def op_table(device, gpu=False):
     """name -> zero-argument callable running that op on `device`. With gpu,
     also a Qwen3-0.6B decode-shaped bf16 linear (one token through a
     3072x1024 weight made like a model's parameter): cuBLAS's host path, the
-    heaviest op of an eager decode step."""
+    heaviest op of an eager decode step; and its decode-shaped attention."""
     a = torch.randn(16, device=device)
     b = torch.randn(16, device=device)
     m = torch.randn(64, 64, device=device)
@@ -88,6 +88,12 @@ def op_table(device, gpu=False):
         x = torch.randn(1, 1, 1024, dtype=torch.bfloat16).to(device)
         w = torch.randn(3072, 1024, dtype=torch.bfloat16).to(device)
         table["linear bf16"] = lambda: torch.nn.functional.linear(x, w)
+        # One decode step's attention in Qwen3-0.6B: one query token, 16
+        # heads over 8 KV heads of a 64-token cache, no mask (as transformers
+        # calls it then): the fused-kernel choice and its call.
+        q = torch.randn(1, 16, 1, 128, dtype=torch.bfloat16).to(device)
+        kv = torch.randn(1, 8, 64, 128, dtype=torch.bfloat16).to(device)
+        table["sdpa bf16"] = lambda: torch.nn.functional.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
     return table
 
 
