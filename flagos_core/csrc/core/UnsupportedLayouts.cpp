@@ -7,26 +7,19 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include <string>
-
 namespace flagos {
 namespace {
 
-std::string overloadName(const c10::OperatorHandle& op) {
-  const c10::OperatorName& name = op.operator_name();
-  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-}
-
 void sparseKernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) {
   TORCH_CHECK_NOT_IMPLEMENTED(
-      false, "flagos: ", overloadName(op),
+      false, "flagos: ", op.operator_name(),
       " was called with a sparse tensor on a flagos device, and flagos holds strided (dense) tensors only. Keep "
       "sparse tensors on the CPU, or make them dense first (.to_dense()) and move the dense tensor to flagos.");
 }
 
 void quantizedKernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) {
   TORCH_CHECK_NOT_IMPLEMENTED(
-      false, "flagos: ", overloadName(op),
+      false, "flagos: ", op.operator_name(),
       " was called with a quantized tensor on a flagos device, and flagos holds unquantized tensors only. Keep "
       "quantized tensors on the CPU, or dequantize them first (.dequantize()) and move the result to flagos.");
 }
