@@ -38,6 +38,23 @@ def test_empty_cache_releases_every_cached_block(clean):
     del keep
 
 
+def test_convolution_results_count_and_are_given_back(clean):
+    # Convolutions run outside the router (convolution_overrideable): their
+    # results and gradients come from the flagos allocator too, as every other
+    # op's do, so they count while alive and are given back when freed.
+    x = torch.randn(1, 8, 64, 64, device="flagos", requires_grad=True)
+    w = torch.randn(16, 8, 3, 3, device="flagos", requires_grad=True)
+    before = torch.flagos.memory_allocated()
+    y = torch.nn.functional.conv2d(x, w, padding=1)
+    assert torch.flagos.memory_allocated() - before >= y.nbytes
+    y.sum().backward()
+    del y
+    assert torch.flagos.memory_allocated() - before >= x.grad.nbytes + w.grad.nbytes
+    grads = x.grad.nbytes + w.grad.nbytes
+    x.grad = w.grad = None
+    assert torch.flagos.memory_allocated() == before, f"{grads} bytes of gradients were not given back"
+
+
 def test_allocate_free_cache_and_release(clean):
     alloc0, res0 = _stats()
 

@@ -6,9 +6,13 @@
 #include <flagos/Relabel.h>
 #include <flagos/Runtime.h>
 
+#include "core/RouterInternal.h"
+
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
+
+#include <optional>
 
 namespace flagos {
 namespace {
@@ -18,6 +22,21 @@ namespace {
 at::Tensor back(at::Tensor&& t, c10::DeviceIndex index) {
   return t.defined() ? adoptNative(std::move(t), index) : t;
 }
+
+// The native kernel's bracket, as the router's relabelled calls have it: the
+// host runtime allocates the results in device memory meanwhile, so they
+// count in torch.flagos.memory_* (outside it they came from the CPU's heap).
+class ConvolutionScope {
+ public:
+  explicit ConvolutionScope(c10::DeviceIndex index) {
+    if (RelabelProvider* provider = detail::defaultRelabelProvider()) {
+      scope_.emplace(*provider, index);
+    }
+  }
+
+ private:
+  std::optional<NativeScope> scope_;
+};
 
 at::Tensor convolution(
     const at::Tensor& input,
@@ -36,9 +55,14 @@ at::Tensor convolution(
   const ScopedNativeAlias native_weight(weight);
   static const at::Tensor kNoBias;
   const ScopedNativeAlias native_bias(bias.has_value() ? *bias : kNoBias); // both lvalues: no copy to outlive
-  at::Tensor out = at::convolution(
-      native_input.get(), native_weight.get(), bias.has_value() ? std::optional<at::Tensor>(native_bias.get()) : std::nullopt,
-      stride, padding, dilation, transposed, output_padding, groups);
+  at::Tensor out;
+  {
+    const ConvolutionScope scope(input.device().index());
+    out = at::convolution(
+        native_input.get(), native_weight.get(),
+        bias.has_value() ? std::optional<at::Tensor>(native_bias.get()) : std::nullopt, stride, padding, dilation,
+        transposed, output_padding, groups);
+  }
   return back(std::move(out), input.device().index());
 }
 
@@ -63,9 +87,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
   const ScopedNativeAlias native_grad(grad_output);
   const ScopedNativeAlias native_input(input);
   const ScopedNativeAlias native_weight(weight);
-  auto grads = at::convolution_backward(
-      native_grad.get(), native_input.get(), native_weight.get(), bias_sizes, stride, padding, dilation, transposed,
-      output_padding, groups, output_mask);
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> grads;
+  {
+    const ConvolutionScope scope(input.device().index());
+    grads = at::convolution_backward(
+        native_grad.get(), native_input.get(), native_weight.get(), bias_sizes, stride, padding, dilation, transposed,
+        output_padding, groups, output_mask);
+  }
   const auto index = input.device().index();
   return {back(std::move(std::get<0>(grads)), index), back(std::move(std::get<1>(grads)), index),
           back(std::move(std::get<2>(grads)), index)};

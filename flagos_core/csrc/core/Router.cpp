@@ -469,6 +469,12 @@ uint64_t writtenArguments(const c10::FunctionSchema& schema) {
   return written;
 }
 
+RelabelProvider* defaultRelabelProvider() {
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.default_provider != nullptr ? r.default_provider->relabel() : nullptr;
+}
+
 c10::BoxedKernel providerBoxedKernel(size_t index) {
   return c10::BoxedKernel::makeFromFunctor(std::make_unique<ProviderKernel>(index));
 }

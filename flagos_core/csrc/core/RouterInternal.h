@@ -22,6 +22,11 @@ SlotCall enterSlot(size_t index);
 // providers).
 c10::BoxedKernel providerBoxedKernel(size_t index);
 
+// The relabel provider unrouted overloads go to (the active runtime's native
+// one), or nullptr: for the core's own kernels that call a native kernel
+// outside the router (convolution), so they run it inside its NativeScope.
+RelabelProvider* defaultRelabelProvider();
+
 // The arguments `schema` writes (in-place, out=): bit i for argument i, the
 // first 64 (CallState::writeBackWritten checks any later one anyway).
 uint64_t writtenArguments(const c10::FunctionSchema& schema);
