@@ -10,6 +10,8 @@
 // (crow_indices, values, ...) so that `.cpu()`, `.to_dense()` and printing
 // work, as the error's advice says; every computing op raises.
 
+#include <flagos/Router.h>
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_nnz_native.h>
 #include <ATen/ops/_to_dense_native.h>
@@ -22,9 +24,6 @@
 #include <ATen/ops/values_native.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
-
-#include <string>
-#include <unordered_set>
 
 namespace flagos {
 namespace {
@@ -43,34 +42,23 @@ void quantizedKernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
       "quantized tensors on the CPU, or dequantize them first (.dequantize()) and move the result to flagos.");
 }
 
-// What a compressed sparse tensor on flagos still serves: reading its parts
-// (dense flagos tensors) and making it dense, with ATen's own kernels for
-// these layouts, which call only dense ops on the parts.
-const std::unordered_set<std::string>& servedCompressedOps() {
-  static const std::unordered_set<std::string> names{
-      "aten::crow_indices", "aten::col_indices", "aten::ccol_indices", "aten::row_indices", "aten::values",
-      "aten::_nnz",         "aten::sparse_dim",  "aten::dense_dim",    "aten::_to_dense"};
-  return names;
-}
-
-// Every other op the CPU has a compressed-sparse kernel for raises the sparse
-// error. The fallback alone would not do: an op with a composite kernel (add,
-// mul, ...) runs that instead, which fails with "unsupported tensor layout".
+// Every op the CPU has a compressed-sparse kernel for, and flagos does not
+// serve (the block at the end of this file), raises the sparse error. The
+// fallback alone would not do: an op with a composite kernel (add, mul, ...)
+// runs that instead, which fails with "unsupported tensor layout".
 // Registered once, when the core loads (aten's ops are all known by then).
 void registerCompressedSparseErrors() {
   static torch::Library* library = new torch::Library( // never destroyed: kernels may run at exit
       torch::Library::IMPL, "aten", c10::DispatchKey::SparseCsrPrivateUse1, __FILE__, __LINE__);
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
-    if (name.name.rfind("aten::", 0) != 0 || servedCompressedOps().count(name.name) != 0) {
+    if (name.name.rfind("aten::", 0) != 0) {
       continue;
     }
     auto op = dispatcher.findOp(name);
     if (op.has_value() && op->hasKernelForDispatchKey(c10::DispatchKey::SparseCsrCPU) &&
         !op->hasKernelForDispatchKey(c10::DispatchKey::SparseCsrPrivateUse1)) {
-      const std::string overload =
-          name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-      library->impl(overload.c_str(), torch::CppFunction::makeFromBoxedFunction<&sparseKernel>());
+      library->impl(overloadName(*op).c_str(), torch::CppFunction::makeFromBoxedFunction<&sparseKernel>());
     }
   }
 }
@@ -88,6 +76,9 @@ TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&flagos::quantizedKernel>());
 }
 
+// What a compressed sparse tensor on flagos still serves: reading its parts
+// (dense flagos tensors) and making it dense, with ATen's own kernels for
+// these layouts, which call only dense ops on the parts.
 TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
   m.impl("crow_indices", TORCH_FN(at::native::crow_indices_sparse_csr));
   m.impl("col_indices", TORCH_FN(at::native::col_indices_sparse_csr));
@@ -102,6 +93,6 @@ TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
 
 namespace {
 // After the block above (same file: static initialisers run in order), so
-// the served ops are already taken.
+// the served ops already have their kernel and are left alone.
 const bool compressed_sparse_errors_registered = (flagos::registerCompressedSparseErrors(), true);
 } // namespace
