@@ -19,7 +19,7 @@ goes first alternating, the GPU synchronised around each block.
 """
 
 import argparse
-import itertools
+import os
 import statistics
 import sys
 import time
@@ -27,17 +27,16 @@ import time
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_host_overhead import time_calls  # noqa: E402
+
 BACKENDS = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
 
 
 def block_us(fn, calls):
-    """Microseconds per call over one block of `calls` back-to-back calls."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in itertools.repeat(None, calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
+    """Microseconds per call over one block, the GPU synchronised around it
+    (both sides run on the one GPU: CUDA's synchronize serves them alike)."""
+    return time_calls(fn, None, calls, lambda _: torch.cuda.synchronize(), time.perf_counter) * 1e6
 
 
 def choice(q, k, **kw):
