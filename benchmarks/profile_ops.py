@@ -48,8 +48,8 @@ def interleaved_op_times(models, prompt, tokens, rounds):
     the devices taking turns (the first alternating), so that the machine's
     drift lands on both sides rather than on whichever ran second."""
     devices = list(models)
-    for device in devices:  # warm-up: lazy init, caches
-        qwen3_06b.greedy(models[device], prompt, 2, device)
+    for device in devices:  # warm-up: lazy init, caches, every cache length's kernel plans
+        qwen3_06b.greedy(models[device], prompt, tokens, device)
     times = {device: {} for device in devices}
     for r in range(rounds):
         for device in (devices if r % 2 == 0 else devices[::-1]):
@@ -61,7 +61,13 @@ def interleaved_op_times(models, prompt, tokens, rounds):
 
 def step_clocks(models, prompt, tokens, rounds):
     """{device: (wall s, thread CPU s)} per token, sides alternating per token,
-    every step synchronised (the first round a warm-up)."""
+    every step synchronised (the first round a warm-up). The warm-up decodes
+    as many tokens as a timed round, as bench_decode_steps's does: a cache
+    length seen for the first time may set up kernels (attention plans) on
+    whichever side reaches it first, a cost both sides would share in the
+    timed rounds, pulling the ratio towards 1. With a 2-token warm-up this
+    read 0.982 and 0.983 on a GPU where bench_decode_steps read 0.957 to
+    0.970 (docs/performance.md, twenty-third session)."""
     demo = load_demo()
     sums = {device: [0.0, 0.0] for device in models}
 
@@ -74,7 +80,7 @@ def step_clocks(models, prompt, tokens, rounds):
         sums[device][1] += time.thread_time() - cpu
         return 0.0
 
-    decode_round(models, prompt, 2, timed)
+    decode_round(models, prompt, tokens, timed)
     sums = {device: [0.0, 0.0] for device in models}
     for _ in range(rounds):
         decode_round(models, prompt, tokens, timed)
