@@ -34,7 +34,11 @@ def test_empty_cache_releases_every_cached_block(clean):
     allocated, reserved = _stats()
     assert reserved - allocated >= 4 * (100 + 5000 + 70000 + MB)
     torch.flagos.empty_cache()
-    assert _stats() == (allocated, allocated), "only live blocks stay reserved"
+    if flagos_core.runtime()["name"] == "host":
+        assert _stats() == (allocated, allocated), "only live blocks stay reserved"
+    else:  # a native pool keeps the whole segment a live block is in
+        assert _stats()[0] == allocated
+        assert _stats()[1] <= reserved - 4 * MB, "the cached megabyte blocks were not released"
     del keep
 
 
@@ -156,7 +160,7 @@ def _delta(fn):
     return out, torch.flagos.memory_allocated() - before
 
 
-def test_op_outputs_are_counted(clean):
+def test_op_outputs_are_counted(clean, native_device):
     torch.manual_seed(0)
     a_cpu, b_cpu = torch.randn(256, 256), torch.randn(256, 256)
     a, b = a_cpu.to("flagos"), b_cpu.to("flagos")
@@ -168,7 +172,7 @@ def test_op_outputs_are_counted(clean):
 
     d, grew = _delta(lambda: a @ b)
     assert grew >= nbytes
-    assert torch.equal(d.cpu(), a_cpu @ b_cpu)
+    assert torch.equal(d.cpu(), (a_cpu.to(native_device) @ b_cpu.to(native_device)).cpu())
 
     (values, indices), grew = _delta(lambda: a.sort(dim=1))
     assert grew >= values.nbytes + indices.nbytes
@@ -192,6 +196,10 @@ def test_op_outputs_are_counted(clean):
 
 def test_autograd_buffers_are_counted_and_freed(clean):
     w = torch.randn(512, 512).to("flagos").requires_grad_()
+    # A native library's workspaces (cuBLAS's, one per stream and thread, the
+    # backward's thread included), made on first use and kept, are not this test's.
+    (w @ w).sum().backward()
+    w.grad = None
     base = torch.flagos.memory_allocated()
     loss = (w @ w).sum()
     loss.backward()
@@ -234,8 +242,12 @@ def test_torch_accelerator_memory_agrees(clean):
 
     acc.reset_peak_memory_stats()
     assert torch.flagos.max_memory_allocated() == torch.flagos.memory_allocated()
+    reserved = torch.flagos.memory_reserved()
     acc.empty_cache()
-    assert torch.flagos.memory_reserved() == torch.flagos.memory_allocated()
+    assert torch.flagos.memory_reserved() < reserved, "the cached 2 MB block was not released"
+    left = torch.flagos.memory_reserved()
+    torch.flagos.empty_cache()
+    assert torch.flagos.memory_reserved() == left, "torch.accelerator.empty_cache left cached blocks behind"
     del x
 
 
@@ -288,6 +300,8 @@ def test_empty_host_cache_with_pinned_memory_in_use(clean):
     assert torch.equal(host, torch.arange(4096, dtype=torch.float32))
 
 
+@pytest.mark.skipif(flagos_core.runtime()["name"] != "host",
+                    reason="the core's own table; the CUDA plugin gives torch.cuda's (tests/test_cuda_plugin.py)")
 def test_memory_summary_tabulates_memory_stats(clean):
     x = torch.empty(3 * MB, dtype=torch.uint8, device="flagos")
     summary = torch.flagos.memory_summary()
