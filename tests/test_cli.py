@@ -13,6 +13,8 @@ import flagos_core
 from flagos_core import _C
 
 REPO = Path(__file__).resolve().parents[1]
+# The active runtime's own provider (host, cuda, ...): its kernels on native aliases.
+NATIVE = flagos_core.runtime()["name"]
 
 SCRIPT = """\
 import sys, torch
@@ -63,7 +65,7 @@ def test_routes_filters_by_pattern_and_shows_the_layer():
     assert sorted(by_name) == sorted(n for n in _C._slot_names() if n.startswith("add"))
     # columns line up: every row puts the provider where the header does
     header = result.stdout.splitlines()[0]
-    assert all(line[header.index("provider"):].split()[0] in ("cpu_fallback", "host")
+    assert all(line[header.index("provider"):].split()[0] in ("cpu_fallback", NATIVE)
                for line in result.stdout.splitlines()[1:])
 
 
@@ -95,7 +97,7 @@ def test_trace_prints_tables_and_fallbacks(tmp_path):
     assert "calls per provider" in out and "calls per overload" in out
     table = rows(out)
     assert ["mul.Tensor", "cpu_fallback", "1"] in table
-    assert ["add.Tensor", "host", "1"] in table
+    assert ["add.Tensor", NATIVE, "1"] in table
     assert "through cpu_fallback (copied to the host and back): 1" in out
     assert out.rstrip().splitlines()[-1].split() == ["mul.Tensor", "1"]
 
@@ -112,7 +114,7 @@ def test_trace_json_passes_args_and_exit_code(tmp_path):
     assert report["exit_code"] == 7
     calls = {(c["overload"], c["provider"]): c["calls"] for c in report["calls"]}
     assert calls[("mul.Tensor", "cpu_fallback")] == 1
-    assert calls[("add.Tensor", "host")] == 1
+    assert calls[("add.Tensor", NATIVE)] == 1
     assert report["fallbacks"] == ["mul.Tensor"]
     assert report["providers"]["cpu_fallback"] == 1
     assert sum(report["providers"].values()) == sum(calls.values())
@@ -129,14 +131,14 @@ def test_conf_errors_are_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(textwrap.dedent("""\
         routes:
-          add.Tensor: cuda
+          add.Tensor: no_such_provider
         """))
     for command in (["info"], ["routes"], ["ops"], ["trace", "--", "x.py"]):
         result = cli(*command, FLAGOS_CONF=str(bad))
         assert result.returncode == 2, command
         assert result.stdout == ""
         assert result.stderr == (
-            f"flagos: error: {bad}:2: unknown provider 'cuda' for add.Tensor; "
+            f"flagos: error: {bad}:2: unknown provider 'no_such_provider' for add.Tensor; "
             f"valid providers: {', '.join(flagos_core.providers())}\n")
 
 

@@ -13,6 +13,8 @@ import flagos_core
 from flagos_core import _C, _conf
 
 REPO = Path(__file__).resolve().parents[1]
+# The active runtime's own provider (host, cuda, ...): its kernels on native aliases.
+NATIVE = flagos_core.runtime()["name"]
 
 
 @pytest.fixture(autouse=True)
@@ -64,23 +66,23 @@ def test_conf_route_sends_calls_to_that_provider_and_results_match_cpu(tmp_path)
     with flagos_core.trace() as t:
         out = a.to("flagos") + b.to("flagos")
     assert t.counts[("add.Tensor", "cpu_fallback")] == 1
-    assert ("add.Tensor", "host") not in t.counts
+    assert ("add.Tensor", NATIVE) not in t.counts
     assert "add.Tensor" in t.fallbacks
     assert torch.equal(out.cpu(), a + b)
 
 
 def test_exact_name_beats_glob_beats_default(tmp_path):
-    path = write(tmp_path / "g.yaml", """\
+    path = write(tmp_path / "g.yaml", f"""\
         default: cpu_fallback
         routes:
           _foreach_add.List: cpu_fallback
-          "_foreach_*": host
+          "_foreach_*": {NATIVE}
         """)
     flagos_core.load_conf(path)
     assert (flagos_core.route("mul.Tensor"), flagos_core.route_layer("mul.Tensor")) == (
         "cpu_fallback", f"conf:{path}:1")
     assert (flagos_core.route("_foreach_mul.List"), flagos_core.route_layer("_foreach_mul.List")) == (
-        "host", f"conf:{path}:4")
+        NATIVE, f"conf:{path}:4")
     assert (flagos_core.route("_foreach_add.List"), flagos_core.route_layer("_foreach_add.List")) == (
         "cpu_fallback", f"conf:{path}:3")
     xs = [torch.randn(3), torch.randn(4)]
@@ -91,7 +93,7 @@ def test_exact_name_beats_glob_beats_default(tmp_path):
         multiplied = torch._foreach_mul(fx, fy)
         product = fx[0] * fy[0]
     assert t.counts[("_foreach_add.List", "cpu_fallback")] == 1
-    assert t.counts[("_foreach_mul.List", "host")] == 1
+    assert t.counts[("_foreach_mul.List", NATIVE)] == 1
     assert t.counts[("mul.Tensor", "cpu_fallback")] == 1
     for got, want in zip(added + multiplied, torch._foreach_add(xs, ys) + torch._foreach_mul(xs, ys)):
         assert torch.equal(got.cpu(), want)
@@ -110,10 +112,10 @@ def test_default_skips_ops_its_provider_cannot_serve(tmp_path):
 
 
 def test_later_glob_in_a_file_wins(tmp_path):
-    path = write(tmp_path / "g.yaml", """\
+    path = write(tmp_path / "g.yaml", f"""\
         routes:
           "_foreach_*": cpu_fallback
-          "_foreach_add*": host
+          "_foreach_add*": {NATIVE}
         """)
     flagos_core.load_conf(path)
     assert flagos_core.route_layer("_foreach_add.List") == f"conf:{path}:3"
@@ -126,16 +128,16 @@ def test_include_is_relative_and_the_including_file_wins(tmp_path):
           add.Tensor: cpu_fallback
           mul.Tensor: cpu_fallback
         """)
-    main = write(tmp_path / "main.yaml", """\
+    main = write(tmp_path / "main.yaml", f"""\
         include: sub/base.yaml
         routes:
-          mul.Tensor: host
+          mul.Tensor: {NATIVE}
         """)
     flagos_core.load_conf(main)
     assert (flagos_core.route("add.Tensor"), flagos_core.route_layer("add.Tensor")) == (
         "cpu_fallback", f"conf:{base}:2")
     assert (flagos_core.route("mul.Tensor"), flagos_core.route_layer("mul.Tensor")) == (
-        "host", f"conf:{main}:3")
+        NATIVE, f"conf:{main}:3")
 
 
 def test_include_cycle_is_an_error(tmp_path):
@@ -183,41 +185,41 @@ def test_nothing_is_applied_when_a_file_has_an_error(tmp_path):
 
 
 def test_malformed_yaml_names_file_and_line(tmp_path):
-    message, path = conf_error(tmp_path, "routes:\n  add.Tensor: host\n  mul.Tensor: [host\n")
+    message, path = conf_error(tmp_path, f"routes:\n  add.Tensor: {NATIVE}\n  mul.Tensor: [{NATIVE}\n")
     assert message.startswith(f"{path}:4: malformed YAML")
     assert "line 3" in message
 
 
 def test_unknown_provider_lists_the_valid_ones(tmp_path):
-    message, path = conf_error(tmp_path, "routes:\n  add.Tensor: host\n  mul.Tensor: cuda\n")
+    message, path = conf_error(tmp_path, f"routes:\n  add.Tensor: {NATIVE}\n  mul.Tensor: no_such_provider\n")
     assert message == (
-        f"{path}:3: unknown provider 'cuda' for mul.Tensor; valid providers: "
+        f"{path}:3: unknown provider 'no_such_provider' for mul.Tensor; valid providers: "
         + ", ".join(flagos_core.providers()))
-    assert "cpu_fallback" in message and "host" in message
+    assert "cpu_fallback" in message and NATIVE in message
 
 
 def test_unknown_op_suggests_the_nearest_names(tmp_path):
-    message, path = conf_error(tmp_path, "routes:\n  add.Tensr: host\n")
+    message, path = conf_error(tmp_path, f"routes:\n  add.Tensr: {NATIVE}\n")
     assert message.startswith(f"{path}:2: unknown overload 'add.Tensr'; did you mean add.Tensor")
 
 
 def test_glob_matching_nothing_is_an_error(tmp_path):
-    message, path = conf_error(tmp_path, "routes:\n  'no_such_op*': host\n")
+    message, path = conf_error(tmp_path, f"routes:\n  'no_such_op*': {NATIVE}\n")
     assert message == f"{path}:2: 'no_such_op*' matches no overload"
 
 
 def test_provider_without_a_kernel_is_an_error(tmp_path):
-    op = next(n for n in _C._slot_names() if not _C._can_serve(n, "host"))
-    message, path = conf_error(tmp_path, f"routes:\n  {op}: host\n")
-    assert message == f"{path}:2: provider 'host' has no kernel for {op}"
+    op = next(n for n in _C._slot_names() if not _C._can_serve(n, NATIVE))
+    message, path = conf_error(tmp_path, f"routes:\n  {op}: {NATIVE}\n")
+    assert message == f"{path}:2: provider '{NATIVE}' has no kernel for {op}"
 
 
 def test_unknown_key_and_wrong_shapes(tmp_path):
-    message, path = conf_error(tmp_path, "rout:\n  add.Tensor: host\n")
+    message, path = conf_error(tmp_path, f"rout:\n  add.Tensor: {NATIVE}\n")
     assert message == f"{path}:1: unknown key 'rout'; expected include, default or routes"
     message, path = conf_error(tmp_path, "routes: [add.Tensor]\n")
     assert message == f"{path}:1: expected a mapping of overload (or glob) to provider"
-    message, path = conf_error(tmp_path, "routes:\n  add.Tensor: host\n  add.Tensor: cpu_fallback\n")
+    message, path = conf_error(tmp_path, f"routes:\n  add.Tensor: {NATIVE}\n  add.Tensor: cpu_fallback\n")
     assert message == f"{path}:3: add.Tensor is routed twice (first at line 2)"
 
 
@@ -240,15 +242,15 @@ def test_layers_apply_in_order_later_wins(tmp_path, monkeypatch):
           div.Tensor: cpu_fallback
           neg: cpu_fallback
         """)
-    plugin = write(tmp_path / "plugin.yaml", """\
+    plugin = write(tmp_path / "plugin.yaml", f"""\
         routes:
-          mul.Tensor: host
-          sub.Tensor: host
-          div.Tensor: host
-          neg: host
+          mul.Tensor: {NATIVE}
+          sub.Tensor: {NATIVE}
+          div.Tensor: {NATIVE}
+          neg: {NATIVE}
         """)
     user = write(tmp_path / "user.conf", "sub.Tensor = cpu_fallback\ndiv.Tensor = cpu_fallback\nneg = cpu_fallback\n")
-    environ = {"FLAGOS_CONF": str(user), "FLAGOS_OP_div__Tensor": "host", "FLAGOS_OP_neg": "host"}
+    environ = {"FLAGOS_CONF": str(user), "FLAGOS_OP_div__Tensor": NATIVE, "FLAGOS_OP_neg": NATIVE}
     monkeypatch.setattr(_conf, "DEFAULT_CONF", str(core))
     flagos_core.set_route("neg", "cpu_fallback")  # the runtime API beats every conf layer
     _conf.apply_all([("myplugin", str(plugin))], environ)
@@ -256,9 +258,9 @@ def test_layers_apply_in_order_later_wins(tmp_path, monkeypatch):
            for op in ("add.Tensor", "mul.Tensor", "sub.Tensor", "div.Tensor", "neg")}
     assert got == {
         "add.Tensor": ("cpu_fallback", f"core:{core}:2"),
-        "mul.Tensor": ("host", f"plugin:myplugin:{plugin}:2"),
+        "mul.Tensor": (NATIVE, f"plugin:myplugin:{plugin}:2"),
         "sub.Tensor": ("cpu_fallback", f"conf:{user}:1"),
-        "div.Tensor": ("host", "env:FLAGOS_OP_div__Tensor"),
+        "div.Tensor": (NATIVE, "env:FLAGOS_OP_div__Tensor"),
         "neg": ("cpu_fallback", "api"),
     }
     # Resolving again without those layers puts their routes back to default.
@@ -270,11 +272,11 @@ def test_layers_apply_in_order_later_wins(tmp_path, monkeypatch):
 
 def test_flagos_conf_path_list_later_file_wins(tmp_path):
     first = write(tmp_path / "first.yaml", "routes:\n  add.Tensor: cpu_fallback\n  mul.Tensor: cpu_fallback\n")
-    second = write(tmp_path / "second.yaml", "routes:\n  mul.Tensor: host\n")
+    second = write(tmp_path / "second.yaml", f"routes:\n  mul.Tensor: {NATIVE}\n")
     _conf.apply_all([], {"FLAGOS_CONF": os.pathsep.join([str(first), "", str(second)])})
     assert flagos_core.route_layer("add.Tensor") == f"conf:{first}:2"
     assert (flagos_core.route("mul.Tensor"), flagos_core.route_layer("mul.Tensor")) == (
-        "host", f"conf:{second}:2")
+        NATIVE, f"conf:{second}:2")
 
 
 def test_missing_flagos_conf_file_is_an_error(tmp_path):
@@ -315,21 +317,21 @@ def test_flagos_conf_is_applied_at_import(tmp_path):
 
 
 def test_errors_are_raised_at_import():
-    result = run_python("import flagos_core", FLAGOS_OP_add__Tensr="host")
+    result = run_python("import flagos_core", FLAGOS_OP_add__Tensr=NATIVE)
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("flagos_core._conf.ConfError: FLAGOS_OP_add__Tensr: unknown overload 'add.Tensr'")
     assert "FLAGOS_OP_add__Tensor" in last
-    result = run_python("import flagos_core", FLAGOS_OP_add__Tensor="cuda")
+    result = run_python("import flagos_core", FLAGOS_OP_add__Tensor="no_such_provider")
     assert result.returncode != 0
     valid = ", ".join(flagos_core.providers())
-    assert f"unknown provider 'cuda' for add.Tensor; valid providers: {valid}" in result.stderr
+    assert f"unknown provider 'no_such_provider' for add.Tensor; valid providers: {valid}" in result.stderr
 
 
 def test_log_dispatch_env_var():
     code = "import torch, flagos_core; torch.ones(3, device='flagos').add(1)"
     result = run_python(code, FLAGOS_LOG_DISPATCH="1")
     assert result.returncode == 0, result.stderr
-    assert "flagos: add.Tensor -> host" in result.stderr.splitlines()
+    assert f"flagos: add.Tensor -> {NATIVE}" in result.stderr.splitlines()
     assert "flagos:" not in run_python(code).stderr
     assert "FLAGOS_LOG_DISPATCH: expected 1 or 0" in run_python(code, FLAGOS_LOG_DISPATCH="maybe").stderr
