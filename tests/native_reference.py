@@ -4,8 +4,9 @@ On an accelerator (CUDA, ...) a backward cannot run in a process that loaded
 flagos (pytorch/pytorch#161129, see flagos_core/_native_backward.py), so there
 the function runs in a side process without flagos (benchmarks/side_process.py);
 on the host runtime, whose native device is the CPU, it runs here. The
-function takes the device and returns a list of tensors, and uses nothing but
-torch: on an accelerator its source is what runs.
+function takes the device (and any keyword arguments given here, plain
+values) and returns a list of tensors, and uses nothing but torch: on an
+accelerator its source is what runs.
 """
 
 import inspect
@@ -18,15 +19,15 @@ import torch
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
-def results_on_native(fn, device, tmp_path):
+def results_on_native(fn, device, tmp_path, **kwargs):
     if device.type == "cpu":
-        return [t.detach().cpu() for t in fn(device)]
+        return [t.detach().cpu() for t in fn(device, **kwargs)]
     if BENCHMARKS not in sys.path:
         sys.path.insert(0, BENCHMARKS)
     from side_process import SideProcess
 
     code = textwrap.dedent(inspect.getsource(fn)) + (
-        f"\nresult = [t.detach().cpu() for t in {fn.__name__}(torch.device({str(device)!r}))]\n"
+        f"\nresult = [t.detach().cpu() for t in {fn.__name__}(torch.device({str(device)!r}), **{kwargs!r})]\n"
     )
     native = SideProcess(device.type)
     try:

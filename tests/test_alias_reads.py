@@ -27,16 +27,18 @@ def _check(flagos_value, cpu_value):
     assert torch.equal(flagos_value.cpu(), cpu_value)
 
 
-def test_reads_after_in_place_metadata_ops_see_the_new_geometry():
+def test_reads_after_in_place_metadata_ops_see_the_new_geometry(native_device):
     cpu, dev = _pair(3, 4)
+    native = cpu.to(native_device, copy=True)  # a sum adds in the native device's order
     _check(dev * 2, cpu * 2)  # a first read
     for op in (lambda t: t.t_(), lambda t: t.unsqueeze_(0), lambda t: t.squeeze_(0),
                lambda t: t.transpose_(0, 1), lambda t: t.as_strided_((2, 2), (1, 3), 1)):
         op(cpu)
         op(dev)
+        op(native)
         assert dev.shape == cpu.shape and dev.stride() == cpu.stride()
         _check(dev + 1, cpu + 1)
-        _check(dev.sum(0), cpu.sum(0))
+        _check(dev.sum(0), native.sum(0).cpu())
 
 
 def test_reads_after_resize_and_set_see_the_new_memory():

@@ -335,7 +335,8 @@ def _main():
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, FLAGOS_HOST_DEVICES="2")
+    # The host runtime's two devices, whatever plugin is installed here.
+    env = dict(os.environ, FLAGOS_HOST_DEVICES="2", FLAGOS_RUNTIME="host", FLAGOS_DISCOVER_PLUGINS="0")
     proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env,
                           capture_output=True, text=True, timeout=120)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(MARKER)]

@@ -1,5 +1,6 @@
 """Serialization, conversions, pinned memory, streams and events, torch.accelerator,
-device properties, and a short training run that must match CPU bitwise."""
+device properties, and a short training run that must match the native device
+(CPU on the host runtime) bitwise."""
 
 import copy
 import io
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import flagos_core
+from native_reference import results_on_native
 
 FLAGOS0 = torch.device("flagos", 0)
 
@@ -109,7 +111,8 @@ def test_to_and_flagos_methods():
     assert h.dtype == torch.float16 and torch.equal(h.cpu(), ref.half())
 
 
-def test_module_flagos_moves_parameters_and_buffers():
+@pytest.mark.native
+def test_module_flagos_moves_parameters_and_buffers(native_device):
     torch.manual_seed(2)
     m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
     ref = copy.deepcopy(m)
@@ -120,7 +123,7 @@ def test_module_flagos_moves_parameters_and_buffers():
         assert torch.equal(a, b.cpu())
     m.eval(), ref.eval()
     x = torch.randn(5, 4)
-    assert torch.equal(m(x.flagos()).cpu(), ref(x))
+    assert torch.equal(m(x.flagos()).cpu(), ref.to(native_device)(x.to(native_device)).cpu())
 
 
 def test_storage_flagos():
@@ -190,7 +193,8 @@ def test_default_stream_and_cuda_style_helpers():
         assert torch.flagos.current_stream() != torch.flagos.default_stream(0)
     with pytest.raises(RuntimeError, match="is not a valid device"):
         torch.flagos.default_stream(torch.flagos.device_count())
-    if hasattr(torch.Stream, "native_handle"):  # the native device's answer: CPU streams have none
+    if hasattr(torch.Stream, "native_handle") and flagos_core.runtime()["name"] == "host":
+        # The native device's answer: CPU streams have none (CUDA's: tests/test_cuda_plugin.py).
         with pytest.raises(RuntimeError, match="native handle"):
             torch.flagos.current_stream().native_handle  # noqa: B018
         with pytest.raises(RuntimeError, match="native handle"):
@@ -336,17 +340,21 @@ def test_device_properties_report_total_memory():
 
 # ------------------------------------------------------------------ training
 
-def _train(device, opt_name, steps=6):
+def _mlp_training(device, opt_name):
+    # Self-contained: on an accelerator it also runs in a side process.
     torch.manual_seed(10)
-    model = _mlp()
-    model.to(device)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(12, 32), torch.nn.ReLU(),
+        torch.nn.Linear(32, 32), torch.nn.ReLU(),
+        torch.nn.Linear(32, 3),
+    ).to(device)
     if opt_name == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     g = torch.Generator().manual_seed(11)
     losses = []
-    for _ in range(steps):
+    for _ in range(6):
         x = torch.randn(16, 12, generator=g).to(device)
         y = torch.randint(0, 3, (16,), generator=g).to(device)
         opt.zero_grad()
@@ -354,21 +362,21 @@ def _train(device, opt_name, steps=6):
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    return losses, [p.detach().cpu() for p in model.parameters()], opt
+    state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+    # The losses, then the parameters, then the optimizer's state tensors.
+    return [torch.tensor(losses, dtype=torch.float64), *(p.detach() for p in model.parameters()), *state]
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
-def test_mlp_training_matches_cpu_bitwise(opt_name, native_device):
-    # native_device is CPU on the host runtime (the accelerator a plugin relabels to otherwise).
-    cpu_losses, cpu_params, _ = _train(native_device, opt_name)
+def test_mlp_training_matches_the_native_device_bitwise(opt_name, native_device, tmp_path):
+    native = results_on_native(_mlp_training, native_device, tmp_path, opt_name=opt_name)
     with flagos_core.trace() as t:
-        losses, params, opt = _train("flagos", opt_name)
-    assert losses == cpu_losses
-    assert len(params) == len(cpu_params)
-    for p, q in zip(params, cpu_params):
-        assert torch.equal(p, q)
-    assert all(v.device == FLAGOS0 for state in opt.state.values() for v in state.values()
-               if isinstance(v, torch.Tensor) and v.dim() > 0)
+        flagos = _mlp_training(torch.device("flagos"), opt_name)
+    assert len(flagos) == len(native) > 6
+    for got, want in zip(flagos, native):
+        assert torch.equal(got.cpu(), want)
+    assert all(v.device == FLAGOS0 for v in flagos[1:])
     assert t.counts, "trace saw no flagos op"
     assert t.fallbacks == []
     assert all(provider != "cpu_fallback" for (_, provider) in t.counts)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import flagos_core  # noqa: F401
+from native_reference import results_on_native
 
 THREADS = 8
 ITERATIONS = 400
@@ -153,15 +154,23 @@ def test_concurrent_in_place_on_disjoint_views_of_one_tensor():
     assert torch.equal(src_dev.cpu(), src)
 
 
-def test_concurrent_autograd_on_shared_weights(native_device):
+def _one_gradient_per_input(device, inputs):
+    # Self-contained: on an accelerator it runs in a side process.
     torch.manual_seed(4)
     w_cpu = torch.randn(32, 16)
-    xs = [torch.randn(8, 32) for _ in range(THREADS)]
-    expected = []
+    xs = [torch.randn(8, 32) for _ in range(inputs)]
+    grads = []
     for x in xs:
-        w = w_cpu.to(native_device).requires_grad_()
-        (grad,) = torch.autograd.grad((x.to(native_device) @ w).tanh().pow(2).sum(), w)
-        expected.append(grad.cpu())
+        w = w_cpu.to(device).requires_grad_()
+        (grad,) = torch.autograd.grad((x.to(device) @ w).tanh().pow(2).sum(), w)
+        grads.append(grad)
+    return [w_cpu, *xs, *grads]
+
+
+@pytest.mark.native
+def test_concurrent_autograd_on_shared_weights(native_device, tmp_path):
+    made = results_on_native(_one_gradient_per_input, native_device, tmp_path, inputs=THREADS)
+    w_cpu, xs, expected = made[0], made[1:THREADS + 1], made[THREADS + 1:]
     w_dev = w_cpu.to("flagos").requires_grad_()
     xs_dev = [x.to("flagos") for x in xs]
     bad = []
