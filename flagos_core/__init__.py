@@ -53,21 +53,11 @@ def _setup():
     _torch._register_device_module(_BACKEND, _device_module)
     _PLUGINS.manager.hook.flagos_extend_device_module(module=_device_module, runtime=_C._runtime_name())
     _torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
-    _keep_parameters_when_moving_modules()
     _let_autograd_threads_finish_at_exit()
     _native_backward.install()  # a clear error where PyTorch's engine cannot run a native backward
     _distributed.install()  # collectives on flagos tensors through the native device's backend
     _multiprocessing.install()  # flagos tensors shared through torch.multiprocessing
     _conf.configure(_PLUGINS.confs())  # routing confs and FLAGOS_LOG_DISPATCH; raises ConfError
-
-
-def _keep_parameters_when_moving_modules():
-    """Module.to("flagos") keeps each Parameter object (so tied weights stay
-    tied) only by swapping tensors: PyTorch's `param.data = ...` path does not
-    accept PrivateUse1 tensors. FLAGOS_SWAP_MODULE_PARAMS=0 leaves torch's
-    default alone."""
-    if _os.environ.get("FLAGOS_SWAP_MODULE_PARAMS", "1") != "0":
-        _torch.__future__.set_swap_module_params_on_conversion(True)
 
 
 def _let_autograd_threads_finish_at_exit():

@@ -111,6 +111,36 @@ def test_to_and_flagos_methods():
     assert h.dtype == torch.float16 and torch.equal(h.cpu(), ref.half())
 
 
+def test_moving_a_module_keeps_its_parameters_and_leaves_torch_defaults_alone():
+    # Module.to keeps each Parameter object through `param.data = ...`, as
+    # between CPU and CUDA: tied weights stay tied, and an optimizer made
+    # before the move steps the moved parameters. flagos used to turn on
+    # torch's swap-on-conversion for the whole process instead, which broke
+    # load_state_dict for modules whose parameters have weak references
+    # (every RNN), on any device.
+    assert not torch.__future__.get_swap_module_params_on_conversion()
+    m = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    m[1].weight = m[0].weight
+    params = list(m.parameters())
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    m(torch.tensor([1, 2])).sum().backward()
+    m.to("flagos")
+    assert list(m.parameters()) == params and m[1].weight is m[0].weight
+    assert all(p.device == FLAGOS0 and p.grad.device == FLAGOS0 for p in params)
+    before = params[0].detach().cpu()
+    opt.step()
+    assert not torch.equal(params[0].cpu(), before)
+    m.to("cpu")
+    assert all(p.device.type == "cpu" for p in params)
+
+    lstm, copied = torch.nn.LSTM(8, 16), torch.nn.LSTM(8, 16)
+    copied.load_state_dict(lstm.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(lstm.parameters(), copied.parameters()))
+    weight = copied.weight_ih_l0
+    copied.to("flagos")
+    assert copied.weight_ih_l0 is weight and weight.device == FLAGOS0
+
+
 @pytest.mark.native
 def test_module_flagos_moves_parameters_and_buffers(native_device):
     torch.manual_seed(2)
