@@ -1,5 +1,5 @@
-"""The core's own plugin: the host runtime and the host / cpu_fallback
-providers, registered through the same hooks as any other plugin."""
+"""The core's own plugin: the host runtime and the host / cpu_fallback /
+composite providers, registered through the same hooks as any other plugin."""
 
 import os
 
@@ -38,4 +38,7 @@ def flagos_runtimes():
 def flagos_providers():
     # `host` is registered by the host runtime itself: it only makes sense on
     # host memory.
-    return [ProviderSpec(name="cpu_fallback", register=_C._register_cpu_fallback)]
+    from . import _composite_kernels
+
+    return [ProviderSpec(name="cpu_fallback", register=_C._register_cpu_fallback),
+            ProviderSpec(name=_composite_kernels.NAME, register=_composite_kernels.register)]

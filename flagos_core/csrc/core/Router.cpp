@@ -142,7 +142,11 @@ KernelProvider* resolve(size_t index, const c10::OperatorHandle& op) {
     chosen = r.default_provider;
     slot.layer = "default";
   } else {
-    chosen = r.providerLocked("cpu_fallback");
+    // The core's own composite kernels (flagos_core/_composite_kernels.py),
+    // where it has one, before a round trip through the CPU: they are for
+    // overloads PyTorch calls on PrivateUse1 tensors that the CPU lacks too.
+    KernelProvider* composite = r.providerLocked("composite");
+    chosen = composite != nullptr && composite->canServe(op) ? composite : r.providerLocked("cpu_fallback");
     slot.layer = "default (" +
         (r.default_provider ? r.default_provider->name() : std::string("no provider")) +
         " has no kernel)";
