@@ -1,7 +1,7 @@
 import pytest
-import torch
 
 import flagos_core  # noqa: F401  (registers the device even with autoload off)
+import native_reference
 
 
 def _has_accelerator_runtime():
@@ -20,5 +20,4 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def native_device():
     """The device flagos results are compared with: CPU on the host runtime."""
-    name = flagos_core.runtime()["name"]
-    return torch.device("cpu" if name == "host" else name)
+    return native_reference.native_device()

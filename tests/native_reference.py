@@ -16,6 +16,14 @@ import textwrap
 
 import torch
 
+def native_device():
+    """The device flagos results are compared with: CPU on the host runtime."""
+    import flagos_core
+
+    name = flagos_core.runtime()["name"]
+    return torch.device("cpu" if name == "host" else name)
+
+
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flagos_core
-from native_reference import results_on_native
+from native_reference import native_device, results_on_native
 
 pytestmark = pytest.mark.native
 
@@ -24,23 +24,38 @@ CASES = {
 }
 
 
-def _run_layer(device, layer, kwargs):
-    # Self-contained: on an accelerator it runs in a side process.
-    torch.manual_seed(0)
-    module = getattr(torch.nn, layer)(12, 16, **kwargs).to(device)
-    x = torch.randn(5, 3, 12) if not layer.endswith("Cell") else torch.randn(3, 12)
-    out = module(x.to(device))
-    out = out[0] if isinstance(out, tuple) else out
-    out.square().sum().backward()
-    return [out.detach(), *(p.grad for p in module.parameters())]
+def _run_layers(device, cases):
+    # Self-contained: on an accelerator it runs in a side process (one for
+    # every case). Per case: the output, then each parameter's gradient.
+    results = []
+    for layer, kwargs in cases:
+        torch.manual_seed(0)
+        module = getattr(torch.nn, layer)(12, 16, **kwargs).to(device)
+        x = torch.randn(5, 3, 12) if not layer.endswith("Cell") else torch.randn(3, 12)
+        out = module(x.to(device))
+        out = out[0] if isinstance(out, tuple) else out
+        out.square().sum().backward()
+        results += [out.detach(), *(p.grad for p in module.parameters())]
+    return results
+
+
+@pytest.fixture(scope="module")
+def native_results(tmp_path_factory):
+    made = results_on_native(_run_layers, native_device(), tmp_path_factory.mktemp("rnn"), cases=list(CASES.values()))
+    per_case, start = {}, 0
+    for case, (layer, kwargs) in CASES.items():
+        count = 1 + len(list(getattr(torch.nn, layer)(12, 16, **kwargs).parameters()))
+        per_case[case] = made[start:start + count]
+        start += count
+    assert start == len(made)
+    return per_case
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_recurrent_layers_match_the_native_device(case, native_device, tmp_path):
-    layer, kwargs = CASES[case]
-    native = results_on_native(_run_layer, native_device, tmp_path, layer=layer, kwargs=kwargs)
+def test_recurrent_layers_match_the_native_device(case, native_results):
+    native = native_results[case]
     with flagos_core.trace() as t:
-        flagos = _run_layer(torch.device("flagos"), layer, kwargs)
+        flagos = _run_layers(torch.device("flagos"), [CASES[case]])
     assert t.fallbacks == []
     assert len(flagos) == len(native)
     for got, want in zip(flagos, native):
