@@ -1,8 +1,9 @@
-"""Recurrent layers on flagos: for PrivateUse1 tensors PyTorch's LSTM and GRU
-cells call the fused cell kernels, which only CUDA has; elsewhere (the host
-runtime) the core's `composite` provider serves them. The results equal the
-native device's up to the order of operations: the native device runs its own
-path (cuDNN on CUDA, an unfused cell or oneDNN on the CPU)."""
+"""Layers whose PyTorch code calls kernels only CUDA has, for PrivateUse1
+tensors as for CUDA ones: LSTM and GRU (the fused cells) and rms_norm's
+backward. Elsewhere (the host runtime) the core's `composite` provider serves
+them. The results equal the native device's up to the order of operations:
+the native device may run another path (cuDNN's RNN on CUDA; an unfused cell
+or oneDNN, and rms_norm's decomposed backward, on the CPU)."""
 
 import pytest
 import torch
@@ -63,10 +64,37 @@ def test_recurrent_layers_match_the_native_device(case, native_results):
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
 
 
+def _rms_norms(device):
+    # Self-contained: on an accelerator it runs in a side process. Per case:
+    # the output, the input's gradient, and the weight's where there is one.
+    results = []
+    for shape, normalized, with_weight in (((4, 8), (8,), True), ((2, 3, 8), (3, 8), True), ((4, 8), (8,), False)):
+        torch.manual_seed(0)
+        x = torch.randn(*shape).to(device).requires_grad_()
+        w = torch.randn(*normalized).to(device).requires_grad_() if with_weight else None
+        y = torch.nn.functional.rms_norm(x, normalized, w, 1e-6)
+        (y * torch.linspace(-1, 1, y.numel(), device=device).view_as(y)).sum().backward()
+        results += [y.detach(), x.grad] + ([w.grad] if with_weight else [])
+    return results
+
+
+def test_rms_norm_and_its_backward_match_the_native_device(native_device, tmp_path):
+    native = results_on_native(_rms_norms, native_device, tmp_path)
+    with flagos_core.trace() as t:
+        flagos = _rms_norms(torch.device("flagos"))
+    assert t.fallbacks == []
+    assert len(flagos) == len(native)
+    for got, want in zip(flagos, native):
+        assert got.device.type == "flagos"
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+    for i in (0, 3, 6):  # the outputs: the same kernel on both sides
+        assert torch.equal(flagos[i].cpu(), native[i])
+
+
 @pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="the host runtime's routes")
-def test_fused_cells_go_to_the_composite_provider_where_the_runtime_has_none():
+def test_kernels_only_cuda_has_go_to_the_composite_provider_where_the_runtime_has_none():
     for op in ("_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl",
-               "_thnn_fused_gru_cell", "_thnn_fused_gru_cell_backward"):
+               "_thnn_fused_gru_cell", "_thnn_fused_gru_cell_backward", "_fused_rms_norm_backward"):
         assert flagos_core.route(op) == "composite"
         assert flagos_core.route_layer(op) == "default (host has no kernel)"
     with flagos_core.trace() as t:
