@@ -11,6 +11,7 @@
 #include "core/CallConstants.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/_fused_sdp_choice_ops.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
@@ -31,6 +32,30 @@ int64_t nativeSdpChoice(
   const detail::CallConstants& c = detail::callConstants();
   c10::OptionalDeviceGuard guard;
   detail::makeCurrent(c, guard, query.device()); // the choice reads the current device's properties
+  const bool mask_requires_grad = attn_mask.has_value() && attn_mask->defined() && attn_mask->requires_grad();
+  if (C10_UNLIKELY(
+          at::GradMode::is_enabled() &&
+          (query.requires_grad() || key.requires_grad() || value.requires_grad() || mask_requires_grad))) {
+    // The choice reads requires_grad (CPU's flash kernel gives a mask no
+    // gradient, so CPU takes the math path then), and pooled aliases, made
+    // below autograd, have none: fresh aliases that carry it stand in.
+    auto carrying = [](const at::Tensor& t) {
+      if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) {
+        return t;
+      }
+      at::Tensor alias = nativeAliasOf(t);
+      if (t.requires_grad()) {
+        alias.set_requires_grad(true);
+      }
+      return alias;
+    };
+    std::optional<at::Tensor> mask;
+    if (attn_mask.has_value()) {
+      mask = carrying(*attn_mask);
+    }
+    return at::_ops::_fused_sdp_choice::redispatch(
+        c.native_keys, carrying(query), carrying(key), carrying(value), mask, dropout_p, is_causal, scale, enable_gqa);
+  }
   const ScopedNativeAlias q(query);
   const ScopedNativeAlias k(key);
   const ScopedNativeAlias v(value);

@@ -1,0 +1,39 @@
+"""scaled_dot_product_attention on flagos picks the kernel the native device
+picks for the same arguments, requires_grad included: CPU's flash kernel
+cannot give a mask its gradient (T5's learned position bias is such a mask),
+so there CPU takes the math path, and flagos must too."""
+
+import pytest
+import torch
+
+import flagos_core
+from native_reference import results_on_native
+
+pytestmark = pytest.mark.native
+
+
+def _attention(device):
+    # Self-contained: on an accelerator it runs in a side process. Per case:
+    # the output, then the gradients of the arguments that require one.
+    results = []
+    for mask_grad, qkv_grad in ((True, True), (False, True), (False, False)):
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(2, 4, 8, 16).to(device).requires_grad_(qkv_grad) for _ in range(3))
+        mask = torch.randn(1, 4, 8, 8).to(device).requires_grad_(mask_grad)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        results.append(out.detach())
+        if qkv_grad or mask_grad:
+            out.square().sum().backward()
+            results += [t.grad for t in (q, k, v, mask) if t.requires_grad]
+    return results
+
+
+def test_attention_with_a_mask_that_requires_grad_matches_the_native_device(native_device, tmp_path):
+    native = results_on_native(_attention, native_device, tmp_path)
+    with flagos_core.trace() as t:
+        flagos = _attention(torch.device("flagos"))
+    assert t.fallbacks == []
+    assert len(flagos) == len(native) == 10
+    for got, want in zip(flagos, native):
+        assert got.device.type == "flagos"
+        assert torch.equal(got.cpu(), want)
