@@ -42,3 +42,16 @@ def results_on_native(fn, device, tmp_path, **kwargs):
         return torch.load(native("eval", code=code, path=str(tmp_path / "native.pt"))["path"])
     finally:
         native.close()
+
+
+def assert_matches_native(flagos, native, **tolerance):
+    """flagos's results (flagos tensors) against the native device's (CPU
+    tensors from results_on_native): bitwise, or within `tolerance`
+    (torch.testing.assert_close's rtol and atol) where one is given."""
+    assert len(flagos) == len(native)
+    for got, want in zip(flagos, native):
+        assert got.device.type == "flagos"
+        if tolerance:
+            torch.testing.assert_close(got.cpu(), want, **tolerance)
+        else:
+            assert torch.equal(got.cpu(), want)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import flagos_core
-from native_reference import native_device, results_on_native
+from native_reference import assert_matches_native, native_device, results_on_native
 
 pytestmark = pytest.mark.native
 
@@ -58,10 +58,7 @@ def test_recurrent_layers_match_the_native_device(case, native_results):
     with flagos_core.trace() as t:
         flagos = _run_layers(torch.device("flagos"), [CASES[case]])
     assert t.fallbacks == []
-    assert len(flagos) == len(native)
-    for got, want in zip(flagos, native):
-        assert got.device.type == "flagos"
-        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+    assert_matches_native(flagos, native, rtol=1e-4, atol=1e-5)
 
 
 def _rms_norms(device):
@@ -83,10 +80,7 @@ def test_rms_norm_and_its_backward_match_the_native_device(native_device, tmp_pa
     with flagos_core.trace() as t:
         flagos = _rms_norms(torch.device("flagos"))
     assert t.fallbacks == []
-    assert len(flagos) == len(native)
-    for got, want in zip(flagos, native):
-        assert got.device.type == "flagos"
-        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+    assert_matches_native(flagos, native, rtol=1e-4, atol=1e-5)
     for i in (0, 3, 6):  # the outputs: the same kernel on both sides
         assert torch.equal(flagos[i].cpu(), native[i])
 
