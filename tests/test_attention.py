@@ -34,4 +34,7 @@ def test_attention_with_a_mask_that_requires_grad_matches_the_native_device(nati
         flagos = _attention(torch.device("flagos"))
     assert t.fallbacks == []
     assert len(native) == 10
-    assert_matches_native(flagos, native)
+    # Bitwise on the CPU. An accelerator's attention backward may add in a
+    # varying order (atomics), from run to run natively as well.
+    tolerance = {} if native_device.type == "cpu" else {"rtol": 1e-5, "atol": 1e-6}
+    assert_matches_native(flagos, native, **tolerance)

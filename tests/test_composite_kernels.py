@@ -28,15 +28,19 @@ CASES = {
 def _run_layers(device, cases):
     # Self-contained: on an accelerator it runs in a side process (one for
     # every case). Per case: the output, then each parameter's gradient.
+    tf32, torch.backends.cudnn.allow_tf32 = torch.backends.cudnn.allow_tf32, False  # cuDNN's RNN in float32
     results = []
-    for layer, kwargs in cases:
-        torch.manual_seed(0)
-        module = getattr(torch.nn, layer)(12, 16, **kwargs).to(device)
-        x = torch.randn(5, 3, 12) if not layer.endswith("Cell") else torch.randn(3, 12)
-        out = module(x.to(device))
-        out = out[0] if isinstance(out, tuple) else out
-        out.square().sum().backward()
-        results += [out.detach(), *(p.grad for p in module.parameters())]
+    try:
+        for layer, kwargs in cases:
+            torch.manual_seed(0)
+            module = getattr(torch.nn, layer)(12, 16, **kwargs).to(device)
+            x = torch.randn(5, 3, 12) if not layer.endswith("Cell") else torch.randn(3, 12)
+            out = module(x.to(device))
+            out = out[0] if isinstance(out, tuple) else out
+            out.square().sum().backward()
+            results += [out.detach(), *(p.grad for p in module.parameters())]
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
     return results
 
 
