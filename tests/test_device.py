@@ -73,12 +73,18 @@ def test_convolution_and_its_backward_match_the_native_device(native_device, tmp
     # the native one on aliases. Its results are flagos's own tensors, which
     # can grow like any other (they were wrapped, and resize_ raised).
     def convolve(device):
-        torch.manual_seed(2)
-        x, w, b = torch.randn(2, 4, 9, 9), torch.randn(6, 4, 3, 3), torch.randn(6)
-        xs, ws, bs = (t.to(device).detach().requires_grad_() for t in (x, w, b))
-        y = torch.nn.functional.conv2d(xs, ws, bs, padding=1)
-        y.square().sum().backward()
-        return [y.detach(), xs.grad, ws.grad, bs.grad]
+        # cuDNN's deterministic algorithms, on both sides: a weight gradient
+        # may otherwise add in a varying order.
+        deterministic, torch.backends.cudnn.deterministic = torch.backends.cudnn.deterministic, True
+        try:
+            torch.manual_seed(2)
+            x, w, b = torch.randn(2, 4, 9, 9), torch.randn(6, 4, 3, 3), torch.randn(6)
+            xs, ws, bs = (t.to(device).detach().requires_grad_() for t in (x, w, b))
+            y = torch.nn.functional.conv2d(xs, ws, bs, padding=1)
+            y.square().sum().backward()
+            return [y.detach(), xs.grad, ws.grad, bs.grad]
+        finally:
+            torch.backends.cudnn.deterministic = deterministic
 
     flagos = convolve(torch.device("flagos"))
     native = results_on_native(convolve, native_device, tmp_path)
