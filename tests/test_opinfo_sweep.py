@@ -13,6 +13,9 @@ CUDA plugin) it is that device: flagos runs CUDA's kernels, so it must give
 CUDA's bits. There ops without a CUDA kernel may legitimately go through
 cpu_fallback (listed in the report, not asserted on), and pairs where CUDA
 disagrees with itself are set aside (listed, neither passed nor failed).
+
+On the host runtime the gradients are swept too (tests/opinfo_gradients.py):
+every op that differs from CPU must be one of its known differences.
 """
 
 import time
@@ -21,6 +24,7 @@ import pytest
 
 import flagos_core
 
+import opinfo_gradients
 import opinfo_sweep
 
 MIN_PASS_RATE = 0.99
@@ -75,3 +79,14 @@ def test_opinfo_sweep_matches_native_cuda():
           f"{len(result.unstable)} pairs set aside as nondeterministic on {native}; "
           f"sweep took {time.perf_counter() - start:.0f}s")
     _assert_pass_rate(result)
+
+
+def test_opinfo_gradients_match_cpu_bitwise():
+    if flagos_core.runtime()["name"] != "host":
+        pytest.skip("a native accelerator's backward cannot run beside flagos; the host runtime only")
+    result = opinfo_gradients.sweep()
+    print()
+    print(result.report())
+    assert result.ran > 900, result.report()  # guard against a vacuous pass
+    unexplained = {op: error for op, error in result.failures.items() if op not in opinfo_gradients.KNOWN_DIFFERENCES}
+    assert unexplained == {}, result.report()
