@@ -137,6 +137,15 @@ def test_mixing_flagos_and_cpu_is_the_usual_error():
     assert torch.equal((a + torch.tensor(2.0)).cpu(), torch.full((3,), 3.0))
 
 
+@pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="an overload that only CUDA implements")
+def test_an_overload_no_provider_serves_is_a_clear_error():
+    # _fused_dropout has a CUDA kernel only: neither the host provider nor
+    # cpu_fallback (which runs CPU's) can serve it.
+    with pytest.raises(NotImplementedError, match="flagos: no provider has a kernel for aten::_fused_dropout "
+                                                  "on the host runtime"):
+        torch._fused_dropout(torch.ones(4, device="flagos"), 0.5)
+
+
 def test_inference_mode_results_are_inference_tensors():
     x = torch.randn(4, 3)
     a = x.to("flagos")

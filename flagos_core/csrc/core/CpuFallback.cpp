@@ -19,6 +19,14 @@ class CpuFallbackProvider final : public KernelProvider {
   }
 
   void call(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack, const OpSlotInfo&) override {
+    // The router's last resort: an overload no provider serves ends here.
+    // Say so, rather than let PyTorch report a missing CPU kernel for tensors
+    // the caller made on flagos.
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        canServe(op), "flagos: no provider has a kernel for ", op.operator_name(), " on the ",
+        activeRuntime().name(), " runtime: its own provider has none, and neither has the CPU, where cpu_fallback "
+        "would run it. PyTorch implements it for other devices only. `python -m flagos_core ops` counts such "
+        "overloads; a plugin can serve them (docs/plugin-guide.md).");
     const auto& args = op.schema().arguments();
     const size_t first = stack->size() - args.size();
     std::optional<c10::Device> device;
