@@ -38,7 +38,7 @@ def flagos_runtimes():
 def flagos_providers():
     # `host` is registered by the host runtime itself: it only makes sense on
     # host memory.
-    from . import _composite_kernels
+    from . import _composite
 
     return [ProviderSpec(name="cpu_fallback", register=_C._register_cpu_fallback),
-            ProviderSpec(name=_composite_kernels.NAME, register=_composite_kernels.register)]
+            ProviderSpec(name=_composite.NAME, register=_composite.register)]

@@ -5,9 +5,12 @@ accelerator's backward cannot run beside flagos, pytorch/pytorch#161129).
 Prints `ok NAME` per check and saves each check's results (on the CPU) to
 RESULTS; the test compares the two sides bitwise.
 
-    python tests/distributed_ranks.py RANK WORLD_SIZE INIT_FILE BACKEND|default SIDE RESULTS
+    python tests/distributed_ranks.py RANK WORLD_SIZE INIT_FILE BACKEND|default SIDE RESULTS [sync_batch_norm]
 
 SIDE: flagos, or the native device's type (cpu, cuda) for the reference.
+With `sync_batch_norm`, the rank trains a model with SyncBatchNorm under DDP
+instead (tests/sync_batch_norm_case.py), and saves its parameters and running
+statistics after each step.
 """
 
 import faulthandler
@@ -186,10 +189,26 @@ def fsdp2_training(device, rank, world):
     return [p.full_tensor().detach() for p in model.parameters()]
 
 
+def sync_batch_norm_training(device, rank):
+    from sync_batch_norm_case import STEPS, batch, model_on_the_cpu
+
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model_on_the_cpu()).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(STEPS):
+        opt.zero_grad()
+        ddp(batch(rank, step).to(device)).square().mean().backward()
+        opt.step()
+        record(f"sync_batch_norm_step_{step}", [t.detach() for t in model.state_dict().values()])
+
+
 def main():
     rank, world, init_file, backend, _, results_file = sys.argv[1:7]
     rank, world = int(rank), int(world)
-    if backend == "default":
+    if sys.argv[7:] == ["sync_batch_norm"]:
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+        sync_batch_norm_training(DEVICE, rank)
+    elif backend == "default":
         # Chosen by torch.distributed for the accelerator (flagos) alone.
         dist.init_process_group(init_method=f"file://{init_file}", rank=rank, world_size=world)
         t = torch.full((3,), float(rank + 1), device="flagos")

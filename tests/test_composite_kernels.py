@@ -1,9 +1,13 @@
 """Layers whose PyTorch code calls kernels only CUDA has, for PrivateUse1
 tensors as for CUDA ones: LSTM and GRU (the fused cells) and rms_norm's
-backward. Elsewhere (the host runtime) the core's `composite` provider serves
-them. The results equal the native device's up to the order of operations:
-the native device may run another path (cuDNN's RNN on CUDA; an unfused cell
-or oneDNN, and rms_norm's decomposed backward, on the CPU)."""
+backward; and `histc` on integers, which model code written for CUDA calls.
+Elsewhere (the host runtime) the core's `composite` provider serves them
+(SyncBatchNorm's kernels are tested in test_distributed.py). The results
+equal the native device's up to the order of operations: the native device
+may run another path (cuDNN's RNN on CUDA; an unfused cell or oneDNN, and
+rms_norm's decomposed backward, on the CPU)."""
+
+import copy
 
 import pytest
 import torch
@@ -79,12 +83,19 @@ def _rms_norms(device):
     return results
 
 
-def test_rms_norm_and_its_backward_match_the_native_device(native_device, tmp_path):
-    native = results_on_native(_rms_norms, native_device, tmp_path)
+def _flagos_against_native(fn, native_device, tmp_path, **tolerance):
+    # fn's results on flagos, with no call through cpu_fallback, against the
+    # native device's (bitwise unless a tolerance is given); both returned.
+    native = results_on_native(fn, native_device, tmp_path)
     with flagos_core.trace() as t:
-        flagos = _rms_norms(torch.device("flagos"))
+        flagos = fn(torch.device("flagos"))
     assert t.fallbacks == []
-    assert_matches_native(flagos, native, rtol=1e-4, atol=1e-5)
+    assert_matches_native(flagos, native, **tolerance)
+    return flagos, native
+
+
+def test_rms_norm_and_its_backward_match_the_native_device(native_device, tmp_path):
+    flagos, native = _flagos_against_native(_rms_norms, native_device, tmp_path, rtol=1e-4, atol=1e-5)
     for i in (0, 3, 6):  # the outputs: the same kernel on both sides
         assert torch.equal(flagos[i].cpu(), native[i])
 
@@ -92,9 +103,86 @@ def test_rms_norm_and_its_backward_match_the_native_device(native_device, tmp_pa
 @pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="the host runtime's routes")
 def test_kernels_only_cuda_has_go_to_the_composite_provider_where_the_runtime_has_none():
     for op in ("_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl",
-               "_thnn_fused_gru_cell", "_thnn_fused_gru_cell_backward", "_fused_rms_norm_backward"):
+               "_thnn_fused_gru_cell", "_thnn_fused_gru_cell_backward", "_fused_rms_norm_backward",
+               "batch_norm_stats", "batch_norm_gather_stats", "batch_norm_gather_stats_with_counts",
+               "batch_norm_elemt", "batch_norm_backward_reduce", "batch_norm_backward_elemt", "histc"):
         assert flagos_core.route(op) == "composite"
         assert flagos_core.route_layer(op) == "default (host has no kernel)"
     with flagos_core.trace() as t:
         torch.nn.LSTM(4, 4).to("flagos")(torch.randn(2, 1, 4, device="flagos"))
     assert t.counts[("_thnn_fused_lstm_cell", "composite")] == 2
+
+
+def _histcs(device):
+    # Self-contained: on an accelerator it runs in a side process. CPU's
+    # histc has no integer kernel: there the reference counts the same values
+    # as float64, whose bins equal the integer ones for these values.
+    torch.manual_seed(0)
+    cases = (  # (values, bins, min, max)
+        (torch.randint(0, 8, (64,)), 8, 0, 7),  # experts per token, as transformers' MoE layers count them
+        (torch.arange(-5, 20), 6, 0, 11),  # values outside the bounds left out, the top edge in the last bin
+        (torch.arange(-5, 20), 7, -3, 14),  # bins of no whole width
+        (torch.randint(-50, 50, (200,)), 7, 0, 0),  # the data's extremes
+        (torch.full((5,), 3), 4, 0, 0),  # equal extremes, widened by one each way
+        (torch.zeros(0, dtype=torch.long), 3, 0, 0),  # nothing to count
+    )
+    results = []
+    for dtype in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        for values, bins, low, high in cases:
+            values = values.clamp(0) if dtype == torch.uint8 else values
+            if device.type == "cpu":
+                results.append(torch.histc(values.double(), bins, low, high).to(dtype))
+            else:
+                results.append(torch.histc(values.to(dtype).to(device), bins, low, high))
+    return results
+
+
+def test_integer_histc_counts_as_the_native_device(native_device, tmp_path):
+    flagos, native = _flagos_against_native(_histcs, native_device, tmp_path)
+    for got, want in zip(flagos, native):
+        assert got.dtype == want.dtype
+
+
+def test_histc_keeps_cuda_integer_semantics_for_bounds_and_bad_input():
+    values = torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32, device="flagos")
+    # Bounds in the input's integer type, as CUDA converts them: [0.5, 3.9] counts over [0, 3].
+    assert torch.histc(values, 3, 0.5, 3.9).tolist() == [1, 1, 2]
+    with pytest.raises(RuntimeError, match="bins must be > 0"):
+        torch.histc(values, 0, 0, 4)
+    with pytest.raises(RuntimeError, match="max must be larger than min"):
+        torch.histc(values, 2, 4, 1)
+
+
+def _float_histcs(device):
+    # Self-contained: on an accelerator it runs in a side process.
+    torch.manual_seed(0)
+    cases = ((torch.randn(1000), 10, -2, 2), (torch.rand(100, dtype=torch.float64), 5, 0, 0))
+    return [torch.histc(values.to(device), bins, low, high) for values, bins, low, high in cases]
+
+
+def test_float_histc_equals_the_native_device_bitwise(native_device, tmp_path):
+    _flagos_against_native(_float_histcs, native_device, tmp_path)
+
+
+@pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="on CUDA, transformers takes CUDA-only branches natively")
+def test_a_mixture_of_experts_model_trains_on_the_host_runtime_as_on_the_cpu():
+    # transformers' MoE layers call histc on integers for every device but
+    # cpu and mps; the host runtime's kernels are CPU's, which have none.
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MixtralConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=100, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(config)
+    on_flagos = copy.deepcopy(model).to("flagos")
+    ids = torch.randint(0, config.vocab_size, (2, 9))
+    cpu = model(ids, labels=ids)
+    cpu.loss.backward()
+    with flagos_core.trace() as t:
+        flagos = on_flagos(ids.to("flagos"), labels=ids.to("flagos"))
+        flagos.loss.backward()
+    assert t.fallbacks == []
+    assert t.counts[("histc", "composite")] == config.num_hidden_layers
+    assert torch.equal(flagos.logits.cpu(), cpu.logits)
+    for (name, want), got in zip(model.named_parameters(), on_flagos.parameters()):
+        assert torch.equal(got.grad.cpu(), want.grad), name

@@ -22,14 +22,14 @@ COLLECTIVES = [
 ]
 
 
-def run_ranks(tmp_path, world, backend, side="flagos"):
+def run_ranks(tmp_path, world, backend, side="flagos", checks=()):
     """Runs the ranks of one side; returns each rank's checks and results."""
     init_file = tmp_path / f"init-{side}"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     results = [tmp_path / f"{side}-{rank}.pt" for rank in range(world)]
     procs = [
         subprocess.Popen(
-            [sys.executable, RANKS, str(rank), str(world), str(init_file), backend, side, str(results[rank])],
+            [sys.executable, RANKS, str(rank), str(world), str(init_file), backend, side, str(results[rank]), *checks],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )
         for rank in range(world)
@@ -82,3 +82,30 @@ def test_default_backend_for_the_flagos_accelerator(tmp_path):
 @pytest.mark.native
 def test_one_rank_collectives_and_ddp_equal_the_native_device(tmp_path):
     assert flagos_against_native(tmp_path, 1) == [COLLECTIVES]
+
+
+@pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="two ranks on one GPU: NCCL needs a GPU each")
+def test_sync_batch_norm_on_two_ranks_equals_batch_norm_over_their_whole_batch(tmp_path):
+    # SyncBatchNorm runs only on accelerators (CUDA's statistics kernels;
+    # on the host runtime, the composite provider's). The reference is one
+    # CPU model with BatchNorm2d over both ranks' batches, its loss the mean
+    # of the ranks' losses, as DDP averages their gradients.
+    import sync_batch_norm_case as case
+
+    world = 2
+    outputs, results = run_ranks(tmp_path, world, "gloo", checks=["sync_batch_norm"])
+    steps = [f"sync_batch_norm_step_{step}" for step in range(case.STEPS)]
+    assert outputs == [steps] * world
+
+    model = case.model_on_the_cpu()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step, name in enumerate(steps):
+        batches = [case.batch(rank, step) for rank in range(world)]
+        opt.zero_grad()
+        out = model(torch.cat(batches)).split([len(b) for b in batches])
+        (sum(o.square().mean() for o in out) / world).backward()
+        opt.step()
+        expected = list(model.state_dict().values())
+        for rank in range(world):
+            for key, want, got in zip(model.state_dict(), expected, results[rank][name]):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {rank}, {name}, {key}: {m}")

@@ -142,7 +142,7 @@ KernelProvider* resolve(size_t index, const c10::OperatorHandle& op) {
     chosen = r.default_provider;
     slot.layer = "default";
   } else {
-    // The core's own composite kernels (flagos_core/_composite_kernels.py),
+    // The core's own composite kernels (flagos_core/_composite/),
     // where it has one, before a round trip through the CPU: they are for
     // overloads PyTorch calls on PrivateUse1 tensors that the CPU lacks too.
     KernelProvider* composite = r.providerLocked("composite");

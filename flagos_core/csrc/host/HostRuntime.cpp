@@ -260,6 +260,17 @@ class HostProvider final : public RelabelProvider {
  public:
   HostProvider() : RelabelProvider("host") {}
 
+  // CPU's histc has no integer kernels, CUDA's has, and model code written
+  // for CUDA calls them: the core's composite provider serves histc instead
+  // (floats through CPU's histc.out).
+  bool canServe(const c10::OperatorHandle& op) const override {
+    const auto& name = op.operator_name();
+    if (name.name == "aten::histc" && name.overload_name.empty()) {
+      return false;
+    }
+    return RelabelProvider::canServe(op);
+  }
+
   int64_t enterNative(c10::DeviceIndex index) override {
     if (C10_UNLIKELY(!t_backward_on_caller)) {
       runBackwardOnCallingThread();

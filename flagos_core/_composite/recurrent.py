@@ -1,23 +1,9 @@
-"""The `composite` provider: flagos's own kernels, written with other ATen
-ops, for overloads that PyTorch's composite code calls on PrivateUse1 tensors
-but that a native device may lack.
-
-For a PrivateUse1 tensor, as for CUDA, PyTorch's LSTM and GRU cells call the
-fused cell kernels (`_thnn_fused_lstm_cell`, `_thnn_fused_gru_cell` and their
-backwards), and `rms_norm`'s backward calls `_fused_rms_norm_backward`: only
-CUDA (and XPU) implement them. The router sends an overload here only where
-the runtime's own provider has no kernel for it (on the host runtime); on
-CUDA the native fused kernels run. Each kernel computes what CUDA's does, in
-the same order of operations where it can, and the cells save the same
-workspace for their backwards, so each forward and backward work as a pair.
-The ops they call are flagos calls, routed as usual.
-"""
+"""LSTM and GRU cells as CUDA fuses them (`_thnn_fused_lstm_cell`,
+`_thnn_fused_gru_cell` and their backwards), written with ATen ops: each
+cell saves the workspace CUDA's does, so each forward and backward work as a
+pair."""
 
 import torch
-
-import flagos_core
-
-NAME = "composite"
 
 
 def _add_biases(gates, input_bias, hidden_bias):
@@ -79,33 +65,3 @@ def fused_gru_cell_backward(grad_hy, workspace, has_bias):
     if not has_bias:
         return grad_input, grad_hidden, grad_hy * z, None, None
     return grad_input, grad_hidden, grad_hy * z, grad_input.sum(0), grad_hidden.sum(0)
-
-
-def fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask):
-    # -> (grad of the input, grad of the weight), each only where output_mask asks.
-    # rstd keeps the normalized dimensions, as 1s: it broadcasts over them.
-    normalized = tuple(range(input.dim() - len(normalized_shape), input.dim()))
-    grad = grad_out if weight is None else grad_out * weight
-    grad_input = grad_weight = None
-    if output_mask[0]:
-        projection = (grad * input).mean(normalized, keepdim=True)
-        grad_input = (rstd * (grad - input * rstd * rstd * projection)).to(input.dtype)
-    if output_mask[1] and weight is not None:
-        leading = tuple(range(input.dim() - len(normalized_shape)))
-        grad_weight = grad_out * input * rstd
-        grad_weight = (grad_weight.sum(leading) if leading else grad_weight).to(weight.dtype)
-    return grad_input, grad_weight
-
-
-# Keys are overload names as `python -m flagos_core routes` lists them.
-KERNELS = {
-    "_thnn_fused_lstm_cell": fused_lstm_cell,
-    "_thnn_fused_lstm_cell_backward_impl": fused_lstm_cell_backward_impl,
-    "_thnn_fused_gru_cell": fused_gru_cell,
-    "_thnn_fused_gru_cell_backward": fused_gru_cell_backward,
-    "_fused_rms_norm_backward": fused_rms_norm_backward,
-}
-
-
-def register():
-    flagos_core.register_python_provider(NAME, KERNELS)
