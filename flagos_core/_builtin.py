@@ -29,9 +29,14 @@ def flagos_plugin_info():
 
 @hookimpl
 def flagos_runtimes():
-    return [RuntimeSpec(
-        name="host", priority=0, is_available=lambda: True,
-        activate=lambda: _C._activate_host_runtime(_host_device_count()))]
+    return [RuntimeSpec(name="host", priority=0, is_available=lambda: True, activate=_activate_host_runtime)]
+
+
+def _activate_host_runtime():
+    from . import _host_rnn
+
+    _C._activate_host_runtime(_host_device_count())
+    _host_rnn.register()
 
 
 @hookimpl

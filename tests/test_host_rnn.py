@@ -1,0 +1,107 @@
+"""nn.LSTM and nn.GRU on the host runtime take CPU's own decompositions
+(flagos_core/_host_rnn.py): oneDNN's RNN layer per layer and direction for
+the LSTM, the input gates of all steps at once and an unfused cell per step
+for the GRU. Outputs and gradients are bitwise equal to CPU's; what CPU's
+paths do not take decomposes as elsewhere (tests/test_composite_kernels.py)."""
+
+import pytest
+import torch
+
+import flagos_core
+
+pytestmark = pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="the host runtime's recurrent layers")
+
+CASES = {
+    "one layer": {},
+    "without bias": {"bias": False},
+    "2 layers, bidirectional, batch first": {"num_layers": 2, "bidirectional": True, "batch_first": True},
+    "3 layers with dropout": {"num_layers": 3, "dropout": 0.5},
+}
+
+
+def _pair(layer, **kwargs):
+    torch.manual_seed(0)
+    cpu = getattr(torch.nn, layer)(12, 16, **kwargs)
+    flagos = getattr(torch.nn, layer)(12, 16, **kwargs)
+    flagos.load_state_dict(cpu.state_dict())
+    return cpu, flagos.to("flagos")
+
+
+def _run(module, device, x, hx):
+    # Output, final state(s), then the gradients of the input, the given
+    # state and the parameters.
+    x = x.to(device, copy=True).requires_grad_()
+    hx = tuple(h.to(device, copy=True).requires_grad_() for h in hx) if hx else None
+    torch.manual_seed(1)  # dropout's masks
+    y, state = module(x, hx if hx is None or len(hx) == 2 else hx[0])
+    state = state if isinstance(state, tuple) else (state,)
+    (y.square().sum() + sum(s.sum() for s in state)).backward()
+    return [y, *state, x.grad, *(h.grad for h in hx or ())] + [p.grad for p in module.parameters()]
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero state", "given state"])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("layer", ["LSTM", "GRU"])
+def test_recurrent_layer_equals_cpu_bitwise_through_cpus_decomposition(layer, case, with_state):
+    cpu, flagos = _pair(layer, **CASES[case])
+    x = torch.randn(3, 5, 12)
+    directions = 2 if cpu.bidirectional else 1
+    batch = x.size(0) if cpu.batch_first else x.size(1)
+    states = 2 if layer == "LSTM" else 1
+    hx = tuple(torch.randn(cpu.num_layers * directions, batch, 16) for _ in range(states)) if with_state else None
+    want = _run(cpu, "cpu", x, hx)
+    with flagos_core.trace() as t:
+        got = _run(flagos, "flagos", x, hx)
+    assert t.fallbacks == []
+    assert not any("fused" in name for name, _ in t.counts)  # not the step-by-step fused cells
+    if layer == "LSTM":
+        assert t.counts[("mkldnn_rnn_layer", "host")] == cpu.num_layers * directions
+        assert t.counts[("mkldnn_rnn_layer_backward", "host")] == cpu.num_layers * directions
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(g.cpu(), w), f"result {i}"
+
+
+def test_lstm_that_onednn_does_not_take_decomposes_as_elsewhere():
+    # Projections and float64: CPU's generic path; flagos's fused cells.
+    torch.manual_seed(0)
+    for module, x in ((torch.nn.LSTM(6, 8, proj_size=4), torch.randn(4, 2, 6)),
+                      (torch.nn.LSTM(6, 8).double(), torch.randn(4, 2, 6, dtype=torch.float64))):
+        want = module(x)[0]
+        with flagos_core.trace() as t:
+            got = module.to("flagos")(x.to("flagos"))[0]
+        assert ("mkldnn_rnn_layer", "host") not in t.counts
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_an_empty_sequence_is_refused_as_on_the_cpu():
+    for layer in ("LSTM", "GRU"):
+        cpu, flagos = _pair(layer)
+        with pytest.raises(RuntimeError, match="sequence length"):
+            cpu(torch.randn(0, 2, 12))
+        with pytest.raises(RuntimeError, match="sequence length"):
+            flagos(torch.randn(0, 2, 12, device="flagos"))
+
+
+@pytest.mark.parametrize("layer", ["LSTM", "GRU"])
+def test_under_no_grad_and_inference_mode(layer):
+    cpu, flagos = _pair(layer)
+    x = torch.randn(5, 3, 12)
+    for context in (torch.no_grad, torch.inference_mode):
+        with context():
+            assert torch.equal(flagos(x.to("flagos"))[0].cpu(), cpu(x)[0])
+
+
+@pytest.mark.parametrize("layer", ["LSTM", "GRU"])
+def test_compiled_layer_trains_as_on_the_cpu(layer):
+    # torch.compile (aot_eager: inductor has no flagos code generation) runs
+    # the host runtime's layers as they run eagerly.
+    cpu, flagos = _pair(layer)
+    x = torch.randn(4, 2, 12)
+    want = cpu(x)[0]
+    want.square().sum().backward()
+    got = torch.compile(flagos, backend="aot_eager")(x.to("flagos"))[0]
+    got.square().sum().backward()
+    assert torch.equal(got.cpu(), want)
+    for p, q in zip(flagos.parameters(), cpu.parameters()):
+        assert torch.equal(p.grad.cpu(), q.grad)
