@@ -17,6 +17,8 @@ expanded: the ops they call record their own gradients, as CPU's do; and for
 PrivateUse1, which inference_mode reaches.
 """
 
+import sys
+
 import torch
 
 _LIBRARY = None
@@ -115,17 +117,34 @@ def _pytorchs_decomposition(op, *args):
     return op._op_dk(torch._C.DispatchKey.CompositeImplicitAutograd, *args)
 
 
-# Not for torch.compile to trace (it would run them as frames of their own
-# when a compiled model calls lstm): the LSTM's graph would save the RNN
-# layer's workspace, which the layer does not return when the compiled
-# forward runs without grad. Compiled models trace them as PyTorch decomposes.
-@torch.compiler.disable
+def _not_traced(kernel):
+    # torch.compile must not trace these kernels (it would compile them as
+    # frames of their own when a compiled model calls lstm): the LSTM's graph
+    # would save the RNN layer's workspace, which the layer does not return
+    # when the compiled forward runs without grad. Compiled models then trace
+    # the ops as PyTorch decomposes them. Only a process that imported
+    # torch._dynamo can be compiling, and importing it takes over a second,
+    # so the excluded kernel is made there, on first use.
+    excluded = None
+
+    def call(*args):
+        nonlocal excluded
+        if "torch._dynamo" not in sys.modules:
+            return kernel(*args)
+        if excluded is None:
+            excluded = torch._dynamo.disable(kernel)
+        return excluded(*args)
+
+    return call
+
+
+@_not_traced
 def _lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
     args = (input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
     return _onednn_lstm(*args) if _takes_onednn(input, hx, params) else _pytorchs_decomposition(torch.ops.aten.lstm.input, *args)
 
 
-@torch.compiler.disable
+@_not_traced
 def _gru(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
     args = (input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
     takes_cpus_path = input.numel() > 0 and all(t.device == input.device for t in (hx, *params))
