@@ -2,15 +2,16 @@
 
 PyTorch decomposes `lstm` and `gru` by the input's device. For a CPU tensor,
 `lstm` runs each layer and direction as one oneDNN kernel
-(`mkldnn_rnn_layer`, with its own backward), and `gru` computes each layer's
-input gates for all steps in one matrix product, then runs an unfused cell
-per step. For any other device both go step by step through fused cells,
-which only CUDA has (on the host runtime the composite provider's cells
-serve them, at about half of CPU's speed). On the host runtime the kernels
-are CPU's, so flagos's `lstm` and `gru` take CPU's decompositions, under the
+(`mkldnn_rnn_layer`, with its own backward) where oneDNN takes it (float32,
+no projections); otherwise, and for `gru`, it computes each layer's input
+gates for all steps in one matrix product, then runs an unfused cell per
+step. For any other device both go step by step through fused cells, which
+only CUDA has (on the host runtime the composite provider's cells serve
+them, at about half of CPU's speed). On the host runtime the kernels are
+CPU's, so flagos's `lstm` and `gru` take CPU's decompositions, under the
 same conditions and with the same ops in the same order, and give the same
-results bit for bit. Anything else (projections, float64 LSTMs, packed
-sequences) decomposes as PyTorch decomposes it for flagos.
+results bit for bit. Packed sequences (other overloads) and tensors on
+several devices decompose as PyTorch decomposes them for flagos.
 
 The kernels are registered for AutogradPrivateUse1, where a composite op is
 expanded: the ops they call record their own gradients, as CPU's do; and for
@@ -22,93 +23,110 @@ import sys
 import torch
 
 _LIBRARY = None
+F = torch.nn.functional
 
 
-def _takes_onednn(input, hx, params):
-    # CPU's condition for its oneDNN RNN (RNN.cpp, use_mkldnn), for a flagos
-    # input: every tensor on the input's device, a dtype oneDNN's RNN takes
-    # here, no projections (a projected layer has 3 or 5 weights, not 2 or 4).
-    if not torch.backends.mkldnn.enabled or input.numel() == 0:
-        return False
-    if any(t.device != input.device for t in (*hx, *params)):
-        return False
-    dtype = input.dtype
-    if dtype == torch.bfloat16:
-        supported = torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    elif dtype == torch.float16:
-        supported = not torch.is_grad_enabled() and torch.ops.mkldnn._is_mkldnn_fp16_supported()
-    else:
-        supported = dtype == torch.float32
-    return supported and params[0].size(0) == 4 * hx[0].size(2)
+def _on_one_device(input, hx, params):
+    return input.numel() > 0 and all(t.device == input.device for t in (*hx, *params))
 
 
-def _onednn_lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
-    h0, c0 = hx[0].contiguous(), hx[1].contiguous()
-    hidden_size = h0.size(2)
-    per_layer = 4 if has_biases else 2
-    directions = 2 if bidirectional else 1
-    layer_input = (input.transpose(0, 1) if batch_first else input).contiguous()
-    hy, cy = [], []
-    for layer in range(num_layers):
-        outputs = []
-        for direction in range(directions):
-            index = layer * directions + direction
-            w_ih, w_hh, *biases = params[index * per_layer:(index + 1) * per_layer]
-            if not has_biases:  # as CPU: zero biases shaped as the weights
-                biases = [torch.zeros(w_ih.shape, dtype=w_ih.dtype, device=w_ih.device),
-                          torch.zeros(w_hh.shape, dtype=w_hh.dtype, device=w_hh.device)]
-            output, h, c, _ = torch.ops.aten.mkldnn_rnn_layer(
-                layer_input, w_ih, w_hh, biases[0], biases[1], h0[index], c0[index], direction > 0, [],
-                2, hidden_size, num_layers, has_biases, bidirectional, batch_first, train)  # 2: oneDNN's LSTM kind
-            outputs.append(output)
-            hy.append(h)
-            cy.append(c)
-        layer_input = outputs[0] if directions == 1 else torch.cat(outputs, -1)
-        if dropout != 0 and train and layer < num_layers - 1:
-            layer_input = torch.dropout(layer_input, dropout, True)
-    output = layer_input.transpose(0, 1) if batch_first else layer_input
-    return output, torch.stack(hy, 0), torch.stack(cy, 0)
+def _layer_weights(params, has_biases, projections, index):
+    # (w_ih, w_hh, b_ih, b_hh, w_hr) of one layer and direction; None where absent.
+    count = (4 if has_biases else 2) + (1 if projections else 0)
+    w = params[index * count:(index + 1) * count]
+    b_ih, b_hh = (w[2], w[3]) if has_biases else (None, None)
+    return w[0], w[1], b_ih, b_hh, (w[-1] if projections else None)
 
 
-def _gru_layer(inputs, hx, w_ih, w_hh, b_ih, b_hh, reverse):
-    # CPU's FullLayer with GRUCell: the input gates of every step in one
-    # linear, then per step the unfused cell, in CPU's order of operations.
-    steps = torch.nn.functional.linear(inputs, w_ih, b_ih).unbind(0)
-    outputs = []
-    hidden = hx
-    for igates in (reversed(steps) if reverse else steps):
-        i_r, i_z, i_n = igates.unsafe_chunk(3, 1)
-        h_r, h_z, h_n = torch.nn.functional.linear(hidden, w_hh, b_hh).unsafe_chunk(3, 1)
-        reset_gate = h_r.add_(i_r).sigmoid_()
-        input_gate = h_z.add_(i_z).sigmoid_()
-        new_gate = i_n.add(h_n.mul_(reset_gate)).tanh_()
-        hidden = (hidden - new_gate).mul_(input_gate).add_(new_gate)
-        outputs.append(hidden)
-    if reverse:
-        outputs.reverse()
-    return torch.stack(outputs, 0), hidden
-
-
-def _cpu_gru(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
-    per_layer = 4 if has_biases else 2
+def _stacked(input, states, params, has_biases, num_layers, dropout, train, bidirectional, batch_first, run_layer,
+             projections=False):
+    # CPU's layer stack: layer by layer, each direction's output side by side,
+    # dropout between layers; -> (output, the final states stacked per kind).
     directions = 2 if bidirectional else 1
     layer_input = input.transpose(0, 1) if batch_first else input
-    hiddens = hx.unbind(0)
     final = []
     for layer in range(num_layers):
         outputs = []
         for direction in range(directions):
             index = layer * directions + direction
-            w_ih, w_hh, *biases = params[index * per_layer:(index + 1) * per_layer]
-            b_ih, b_hh = biases if has_biases else (None, None)
-            output, hidden = _gru_layer(layer_input, hiddens[index], w_ih, w_hh, b_ih, b_hh, direction > 0)
+            weights = _layer_weights(params, has_biases, projections, index)
+            output, state = run_layer(layer_input, [s[index] for s in states], weights, direction > 0)
             outputs.append(output)
-            final.append(hidden)
+            final.append(state)
         layer_input = outputs[0] if directions == 1 else torch.cat(outputs, outputs[0].dim() - 1)
         if dropout != 0 and train and layer < num_layers - 1:
             layer_input = torch.dropout(layer_input, dropout, True)
     output = layer_input.transpose_(0, 1) if batch_first else layer_input
-    return output, torch.stack(final, 0)
+    return output, [torch.stack(kind, 0) for kind in zip(*final)]
+
+
+def _takes_onednn(input, hx, params, projections):
+    # CPU's condition for its oneDNN RNN (RNN.cpp, use_mkldnn): a dtype
+    # oneDNN's RNN takes here, no projections.
+    if not torch.backends.mkldnn.enabled or projections:
+        return False
+    dtype = input.dtype
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if dtype == torch.float16:
+        return not torch.is_grad_enabled() and torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    return dtype == torch.float32
+
+
+def _onednn_lstm_layer(num_layers, has_biases, bidirectional, batch_first, train):
+    def run(layer_input, state, weights, reverse):
+        w_ih, w_hh, b_ih, b_hh, _ = weights
+        if not has_biases:  # as CPU: zero biases shaped as the weights
+            b_ih = torch.zeros(w_ih.shape, dtype=w_ih.dtype, device=w_ih.device)
+            b_hh = torch.zeros(w_hh.shape, dtype=w_hh.dtype, device=w_hh.device)
+        h, c = state
+        output, hy, cy, _ = torch.ops.aten.mkldnn_rnn_layer(
+            layer_input.contiguous(), w_ih, w_hh, b_ih, b_hh, h, c, reverse, [], 2, h.size(-1),  # 2: oneDNN's LSTM
+            num_layers, has_biases, bidirectional, batch_first, train)
+        return output, (hy, cy)
+    return run
+
+
+def _steps(layer_input, w_ih, b_ih, reverse):
+    # CPU's FullLayer: the input gates of every step in one linear.
+    steps = F.linear(layer_input, w_ih, b_ih).unbind(0)
+    return list(reversed(steps)) if reverse else steps
+
+
+def _in_order(outputs, reverse):
+    return torch.stack(outputs[::-1] if reverse else outputs, 0)
+
+
+def _lstm_layer(layer_input, state, weights, reverse):
+    # CPU's unfused LSTMCell, step by step.
+    w_ih, w_hh, b_ih, b_hh, w_hr = weights
+    h, c = state
+    outputs = []
+    for igates in _steps(layer_input, w_ih, b_ih, reverse):
+        i, f, g, o = F.linear(h, w_hh, b_hh).add_(igates).unsafe_chunk(4, 1)
+        i, f, g, o = i.sigmoid_(), f.sigmoid_(), g.tanh_(), o.sigmoid_()
+        c = (f * c).add_(i * g)
+        h = o * c.tanh()
+        if w_hr is not None:
+            h = F.linear(h, w_hr)
+        outputs.append(h)
+    return _in_order(outputs, reverse), (h, c)
+
+
+def _gru_layer(layer_input, state, weights, reverse):
+    # CPU's unfused GRUCell, step by step.
+    w_ih, w_hh, b_ih, b_hh, _ = weights
+    (hidden,) = state
+    outputs = []
+    for igates in _steps(layer_input, w_ih, b_ih, reverse):
+        i_r, i_z, i_n = igates.unsafe_chunk(3, 1)
+        h_r, h_z, h_n = F.linear(hidden, w_hh, b_hh).unsafe_chunk(3, 1)
+        reset_gate = h_r.add_(i_r).sigmoid_()
+        input_gate = h_z.add_(i_z).sigmoid_()
+        new_gate = i_n.add(h_n.mul_(reset_gate)).tanh_()
+        hidden = (hidden - new_gate).mul_(input_gate).add_(new_gate)
+        outputs.append(hidden)
+    return _in_order(outputs, reverse), (hidden,)
 
 
 def _pytorchs_decomposition(op, *args):
@@ -140,15 +158,29 @@ def _not_traced(kernel):
 
 @_not_traced
 def _lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
-    args = (input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
-    return _onednn_lstm(*args) if _takes_onednn(input, hx, params) else _pytorchs_decomposition(torch.ops.aten.lstm.input, *args)
+    if not _on_one_device(input, hx, params):
+        return _pytorchs_decomposition(torch.ops.aten.lstm.input, input, hx, params, has_biases, num_layers, dropout,
+                                       train, bidirectional, batch_first)
+    projections = len(params) // (num_layers * (2 if bidirectional else 1)) in (3, 5)
+    if _takes_onednn(input, hx, params, projections):
+        h0, c0 = hx[0].contiguous(), hx[1].contiguous()
+        layer = _onednn_lstm_layer(num_layers, has_biases, bidirectional, batch_first, train)
+        output, (hy, cy) = _stacked(input, (h0, c0), params, has_biases, num_layers, dropout, train, bidirectional,
+                                    batch_first, layer)
+        return output, hy, cy
+    output, (hy, cy) = _stacked(input, (hx[0].unbind(0), hx[1].unbind(0)), params, has_biases, num_layers, dropout,
+                                train, bidirectional, batch_first, _lstm_layer, projections)
+    return output, hy, cy
 
 
 @_not_traced
 def _gru(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
-    args = (input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
-    takes_cpus_path = input.numel() > 0 and all(t.device == input.device for t in (hx, *params))
-    return _cpu_gru(*args) if takes_cpus_path else _pytorchs_decomposition(torch.ops.aten.gru.input, *args)
+    if not _on_one_device(input, (hx,), params):
+        return _pytorchs_decomposition(torch.ops.aten.gru.input, input, hx, params, has_biases, num_layers, dropout,
+                                       train, bidirectional, batch_first)
+    output, (hy,) = _stacked(input, (hx.unbind(0),), params, has_biases, num_layers, dropout, train, bidirectional,
+                             batch_first, _gru_layer)
+    return output, hy
 
 
 def register():

@@ -1,8 +1,9 @@
 """nn.LSTM and nn.GRU on the host runtime take CPU's own decompositions
 (flagos_core/_host_rnn.py): oneDNN's RNN layer per layer and direction for
-the LSTM, the input gates of all steps at once and an unfused cell per step
-for the GRU. Outputs and gradients are bitwise equal to CPU's; what CPU's
-paths do not take decomposes as elsewhere (tests/test_composite_kernels.py)."""
+a float32 LSTM; otherwise the input gates of all steps at once and an
+unfused cell per step. Outputs and gradients are bitwise equal to CPU's.
+Packed sequences decompose as elsewhere (the fused cells of
+tests/test_composite_kernels.py)."""
 
 import pytest
 import torch
@@ -62,15 +63,38 @@ def test_recurrent_layer_equals_cpu_bitwise_through_cpus_decomposition(layer, ca
         assert torch.equal(g.cpu(), w), f"result {i}"
 
 
-def test_lstm_that_onednn_does_not_take_decomposes_as_elsewhere():
-    # Projections and float64: CPU's generic path; flagos's fused cells.
-    torch.manual_seed(0)
-    for module, x in ((torch.nn.LSTM(6, 8, proj_size=4), torch.randn(4, 2, 6)),
-                      (torch.nn.LSTM(6, 8).double(), torch.randn(4, 2, 6, dtype=torch.float64))):
-        want = module(x)[0]
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layer,kwargs", [
+    ("LSTM", {}),
+    ("LSTM", {"proj_size": 5, "num_layers": 2, "bidirectional": True, "batch_first": True}),
+    ("GRU", {"num_layers": 2}),
+], ids=["lstm", "lstm with projections", "gru"])
+def test_other_dtypes_and_projections_equal_cpu_bitwise(layer, kwargs, dtype):
+    # Where CPU's oneDNN RNN does not take an LSTM (projections; float64;
+    # float16 with grad), CPU runs the unfused cells, and so does flagos.
+    cpu, flagos = _pair(layer, **kwargs)
+    cpu.to(dtype)
+    flagos.to(dtype)
+    x = torch.randn(3, 5, 12, dtype=dtype)
+    want = _run(cpu, "cpu", x, None)
+    with flagos_core.trace() as t:
+        got = _run(flagos, "flagos", x, None)
+    assert not any("fused" in name for name, _ in t.counts)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(g.cpu(), w), f"result {i}"
+
+
+def test_packed_sequences_decompose_as_elsewhere():
+    # The packed overloads (lstm.data, gru.data) keep PyTorch's decomposition
+    # for flagos: the fused cells, equal to CPU's to rounding.
+    for layer in ("LSTM", "GRU"):
+        cpu, flagos = _pair(layer)
+        x = torch.randn(5, 3, 12)
+        lengths = [5, 3, 2]
+        want = cpu(torch.nn.utils.rnn.pack_padded_sequence(x, lengths))[0].data
         with flagos_core.trace() as t:
-            got = module.to("flagos")(x.to("flagos"))[0]
-        assert ("mkldnn_rnn_layer", "host") not in t.counts
+            got = flagos(torch.nn.utils.rnn.pack_padded_sequence(x.to("flagos"), lengths))[0].data
+        assert any("fused" in name for name, _ in t.counts)
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
 
 
