@@ -60,7 +60,7 @@ def _stacked(input, states, params, has_biases, num_layers, dropout, train, bidi
     return output, [torch.stack(kind, 0) for kind in zip(*final)]
 
 
-def _takes_onednn(input, hx, params, projections):
+def _takes_onednn(input, projections):
     # CPU's condition for its oneDNN RNN (RNN.cpp, use_mkldnn): a dtype
     # oneDNN's RNN takes here, no projections.
     if not torch.backends.mkldnn.enabled or projections:
@@ -162,7 +162,7 @@ def _lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirection
         return _pytorchs_decomposition(torch.ops.aten.lstm.input, input, hx, params, has_biases, num_layers, dropout,
                                        train, bidirectional, batch_first)
     projections = len(params) // (num_layers * (2 if bidirectional else 1)) in (3, 5)
-    if _takes_onednn(input, hx, params, projections):
+    if _takes_onednn(input, projections):
         h0, c0 = hx[0].contiguous(), hx[1].contiguous()
         layer = _onednn_lstm_layer(num_layers, has_biases, bidirectional, batch_first, train)
         output, (hy, cy) = _stacked(input, (h0, c0), params, has_biases, num_layers, dropout, train, bidirectional,
