@@ -9,7 +9,8 @@ step. For any other device both go step by step through fused cells, which
 only CUDA has (on the host runtime the composite provider's cells serve
 them, at about half of CPU's speed). On the host runtime the kernels are
 CPU's, so flagos's `lstm` and `gru` take CPU's decompositions, under the
-same conditions and with the same ops in the same order, and give the same
+same conditions and with the same ops in the same order (the unfused cells'
+step loop in C++, csrc/python/RecurrentSteps.cpp), and give the same
 results bit for bit. Packed sequences (other overloads) and tensors on
 several devices decompose as PyTorch decomposes them for flagos.
 
@@ -21,6 +22,8 @@ PrivateUse1, which inference_mode reaches.
 import sys
 
 import torch
+
+from . import _C
 
 _LIBRARY = None
 F = torch.nn.functional
@@ -87,46 +90,19 @@ def _onednn_lstm_layer(num_layers, has_biases, bidirectional, batch_first, train
     return run
 
 
-def _steps(layer_input, w_ih, b_ih, reverse):
-    # CPU's FullLayer: the input gates of every step in one linear.
-    steps = F.linear(layer_input, w_ih, b_ih).unbind(0)
-    return list(reversed(steps)) if reverse else steps
-
-
-def _in_order(outputs, reverse):
-    return torch.stack(outputs[::-1] if reverse else outputs, 0)
-
-
 def _lstm_layer(layer_input, state, weights, reverse):
-    # CPU's unfused LSTMCell, step by step.
+    # CPU's FullLayer: the input gates of every step in one linear, then
+    # CPU's unfused cell step by step (in C++: a step costs no Python).
     w_ih, w_hh, b_ih, b_hh, w_hr = weights
-    h, c = state
-    outputs = []
-    for igates in _steps(layer_input, w_ih, b_ih, reverse):
-        i, f, g, o = F.linear(h, w_hh, b_hh).add_(igates).unsafe_chunk(4, 1)
-        i, f, g, o = i.sigmoid_(), f.sigmoid_(), g.tanh_(), o.sigmoid_()
-        c = (f * c).add_(i * g)
-        h = o * c.tanh()
-        if w_hr is not None:
-            h = F.linear(h, w_hr)
-        outputs.append(h)
-    return _in_order(outputs, reverse), (h, c)
+    output, h, c = _C._lstm_steps(F.linear(layer_input, w_ih, b_ih), *state, w_hh, b_hh, w_hr, reverse)
+    return output, (h, c)
 
 
 def _gru_layer(layer_input, state, weights, reverse):
-    # CPU's unfused GRUCell, step by step.
+    # As _lstm_layer, with CPU's unfused GRU cell.
     w_ih, w_hh, b_ih, b_hh, _ = weights
-    (hidden,) = state
-    outputs = []
-    for igates in _steps(layer_input, w_ih, b_ih, reverse):
-        i_r, i_z, i_n = igates.unsafe_chunk(3, 1)
-        h_r, h_z, h_n = F.linear(hidden, w_hh, b_hh).unsafe_chunk(3, 1)
-        reset_gate = h_r.add_(i_r).sigmoid_()
-        input_gate = h_z.add_(i_z).sigmoid_()
-        new_gate = i_n.add(h_n.mul_(reset_gate)).tanh_()
-        hidden = (hidden - new_gate).mul_(input_gate).add_(new_gate)
-        outputs.append(hidden)
-    return _in_order(outputs, reverse), (hidden,)
+    output, hidden = _C._gru_steps(F.linear(layer_input, w_ih, b_ih), *state, w_hh, b_hh, reverse)
+    return output, (hidden,)
 
 
 def _pytorchs_decomposition(op, *args):

@@ -9,6 +9,7 @@
 #include "host/HostRuntime.h"
 #include "python/CrashBacktrace.h"
 #include "python/PythonProvider.h"
+#include "python/RecurrentSteps.h"
 #include <flagos/Relabel.h>
 
 #include <torch/csrc/utils/pybind.h>
@@ -70,6 +71,8 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_register_cpu_fallback", &registerCpuFallbackProvider);
   m.def("_register_python_provider", &registerPythonProvider);
+  m.def("_gru_steps", &gruSteps, py::call_guard<py::gil_scoped_release>());
+  m.def("_lstm_steps", &lstmSteps, py::call_guard<py::gil_scoped_release>());
   m.def("_to_native", [](const at::Tensor& t) {
     TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "flagos: as_native needs a flagos tensor, got ", t.device());
     return toNative(t, activeRuntime().nativeDevice(t.device().index()));
