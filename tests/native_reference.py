@@ -55,3 +55,17 @@ def assert_matches_native(flagos, native, **tolerance):
             torch.testing.assert_close(got.cpu(), want, **tolerance)
         else:
             assert torch.equal(got.cpu(), want)
+
+
+def compare_with_native(fn, device, tmp_path, **tolerance):
+    """fn on flagos, with no call through cpu_fallback, against fn on the
+    native device `device` (assert_matches_native, with `tolerance` if
+    given); returns (flagos's results, the native device's)."""
+    import flagos_core
+
+    native = results_on_native(fn, device, tmp_path)
+    with flagos_core.trace() as t:
+        flagos = fn(torch.device("flagos"))
+    assert t.fallbacks == []
+    assert_matches_native(flagos, native, **tolerance)
+    return flagos, native

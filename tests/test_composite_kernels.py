@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import flagos_core
-from native_reference import assert_matches_native, native_device, results_on_native
+from native_reference import assert_matches_native, compare_with_native, native_device, results_on_native
 
 pytestmark = pytest.mark.native
 
@@ -83,19 +83,8 @@ def _rms_norms(device):
     return results
 
 
-def _flagos_against_native(fn, native_device, tmp_path, **tolerance):
-    # fn's results on flagos, with no call through cpu_fallback, against the
-    # native device's (bitwise unless a tolerance is given); both returned.
-    native = results_on_native(fn, native_device, tmp_path)
-    with flagos_core.trace() as t:
-        flagos = fn(torch.device("flagos"))
-    assert t.fallbacks == []
-    assert_matches_native(flagos, native, **tolerance)
-    return flagos, native
-
-
 def test_rms_norm_and_its_backward_match_the_native_device(native_device, tmp_path):
-    flagos, native = _flagos_against_native(_rms_norms, native_device, tmp_path, rtol=1e-4, atol=1e-5)
+    flagos, native = compare_with_native(_rms_norms, native_device, tmp_path, rtol=1e-4, atol=1e-5)
     for i in (0, 3, 6):  # the outputs: the same kernel on both sides
         assert torch.equal(flagos[i].cpu(), native[i])
 
@@ -142,7 +131,7 @@ def _histcs(device):
 
 
 def test_integer_histc_counts_as_the_native_device(native_device, tmp_path):
-    flagos, native = _flagos_against_native(_histcs, native_device, tmp_path)
+    flagos, native = compare_with_native(_histcs, native_device, tmp_path)
     for got, want in zip(flagos, native):
         assert got.dtype == want.dtype
 
@@ -165,7 +154,7 @@ def _float_histcs(device):
 
 
 def test_float_histc_equals_the_native_device_bitwise(native_device, tmp_path):
-    _flagos_against_native(_float_histcs, native_device, tmp_path)
+    compare_with_native(_float_histcs, native_device, tmp_path)
 
 
 @pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="on CUDA, transformers takes CUDA-only branches natively")
