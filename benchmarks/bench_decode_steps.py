@@ -2,7 +2,7 @@
 token by token, in one process.
 
     python benchmarks/bench_decode_steps.py [--model tiny|0.6b] [--rounds N] [--tokens N] [--counters]
-                                            [--build-first native|flagos] [--processes N]
+                                            [--build-first native|flagos] [--processes N] [--decomposed]
 
 Each round prefills both sides (untimed) and then decodes `tokens` tokens,
 one forward with the KV cache per token (qwen3_06b.GreedySteps), native and
@@ -15,6 +15,11 @@ CPU, as bench_host_overhead.py does; on a GPU, wall time around
 synchronised steps. --counters adds the CPU's event counts per token on
 each side (hw_counters.py: instructions, instruction-cache and TLB misses),
 over the timed rounds, on the calling thread and outside the synchronising.
+
+--decomposed adds a third side: the flagos model again, with composite ops
+(linear, SDPA, ...) decomposed on flagos as before whole_ops.txt
+(flagos_core.set_whole_ops(False) around its steps), so that what running
+them whole is worth reads in one process.
 
 --build-first says which side's model is made first (default native).
 --processes N runs N fresh processes of this script one after another, the
@@ -41,18 +46,20 @@ from bench_host_overhead import load_demo  # noqa: E402
 from hw_counters import HardwareCounters  # noqa: E402
 from order_balance import order_balanced  # noqa: E402
 
+DECOMPOSED = "flagos (decomposed)"  # --decomposed's side
 RESULT = re.compile(r"^median ratio \(flagos speed / native\): ([0-9.]+) over")
 ROUND = re.compile(r"^round \d+: .* ratio ([0-9.]+)$")  # a timed round's line (not the warm-up's)
 
 
-def decode_round(models, prompt, tokens, time_step):
+def decode_round(models, prompt, tokens, time_step, devices=None):
     """One round: prefill every side (untimed), then `tokens` greedy tokens
     with the sides in turn per token, the first alternating. models:
-    {device: model}; time_step(decoder, device) gives the seconds of one
-    decoder.step(). Returns ({device: seconds}, whether all sides produced
-    the same tokens)."""
+    {side: model}, a side being a device unless `devices` maps it to one;
+    time_step(decoder, side) gives the seconds of one decoder.step().
+    Returns ({side: seconds}, whether all sides produced the same tokens)."""
     sides = list(models)
-    decoders = {d: qwen3_06b.GreedySteps(models[d], prompt, d) for d in sides}
+    devices = devices or {d: d for d in sides}
+    decoders = {d: qwen3_06b.GreedySteps(models[d], prompt, devices[d]) for d in sides}
     spent = dict.fromkeys(sides, 0.0)
     for t in range(tokens):
         for d in (sides if t % 2 == 0 else sides[::-1]):
@@ -71,6 +78,8 @@ def main(argv=None):
                         help="which side's model is made first")
     parser.add_argument("--processes", type=int, default=0,
                         help="run N fresh processes, the side built first alternating, and combine them")
+    parser.add_argument("--decomposed", action="store_true",
+                        help="add the flagos model with composite ops decomposed (set_whole_ops(False)) as a third side")
     args = parser.parse_args(argv)
     if args.processes:
         return run_processes(args)
@@ -90,38 +99,57 @@ def main(argv=None):
     order = sides if args.build_first == "native" else sides[::-1]
     models = {d: qwen3_06b.build(d, dtype, **sizes).eval() for d in order}
     models = {d: models[d] for d in sides}
+    devices = {d: d for d in sides}
+    if args.decomposed:
+        import flagos_core
+
+        models[DECOMPOSED] = models[sides[1]]  # the same model, its composite ops decomposed
+        devices[DECOMPOSED] = sides[1]
     prompt = qwen3_06b.batches(1, 1, 8, vocab=sizes.get("vocab_size", 151936))[0]
 
     counters = HardwareCounters() if args.counters else None
     counted = {d: {} for d in sides}  # event totals over the timed rounds
     counting = [False]
 
-    def timed_step(decoder, device):
+    def timed_step(decoder, side):
+        device = devices[side]
+        if side == DECOMPOSED:
+            flagos_core.set_whole_ops(False)
         demo.synchronize(device)
         before = counters.read() if counting[0] else None
         start = clock()
         decoder.step()
         if before is not None:
             for name, n in HardwareCounters.delta(before, counters.read()).items():
-                counted[device][name] = counted[device].get(name, 0.0) + n
+                counted[side][name] = counted[side].get(name, 0.0) + n
         demo.synchronize(device)
-        return clock() - start
+        spent = clock() - start
+        if side == DECOMPOSED:
+            flagos_core.set_whole_ops(True)
+        return spent
 
     print(f"{time.strftime('%Y-%m-%d %H:%M')}  torch {torch.__version__}  {args.model} Qwen3, native {native}, "
           f"{args.tokens} tokens per round, {'CPU time, pinned' if clock is time.process_time else 'wall time'}")
-    ratios, same = [], True
+    ratios, decomposed_ratios, same = [], [], True
     for r in range(args.rounds):
         counting[0] = bool(counters and counters.available and r > 0)
-        spent, equal = decode_round(models, prompt, args.tokens, timed_step)
+        spent, equal = decode_round(models, prompt, args.tokens, timed_step, devices)
         same = same and equal
         ratio = spent[sides[0]] / spent[sides[1]]
-        per_token = {d: spent[d] / args.tokens * 1e3 for d in sides}
+        per_token = {d: spent[d] / args.tokens * 1e3 for d in models}
+        decomposed = ""
+        if args.decomposed:
+            decomposed_ratios.append(spent[sides[0]] / spent[DECOMPOSED])
+            decomposed = f", decomposed {per_token[DECOMPOSED]:.3f} ms/token (ratio {decomposed_ratios[-1]:.3f})"
         print(f"round {r}{' (warm-up)' if r == 0 else ''}: native {per_token[sides[0]]:.3f} ms/token, "
-              f"flagos {per_token[sides[1]]:.3f} ms/token, ratio {ratio:.3f}")
+              f"flagos {per_token[sides[1]]:.3f} ms/token{decomposed}, ratio {ratio:.3f}")
         if r > 0:
             ratios.append(ratio)
     print(f"median ratio (flagos speed / native): {statistics.median(ratios):.3f} over {len(ratios)} rounds; "
           f"tokens {'equal' if same else 'NOT equal'}")
+    if args.decomposed:
+        print(f"median ratio with composite ops decomposed (flagos speed / native): "
+              f"{statistics.median(decomposed_ratios[1:]):.3f}")
     if counters is not None:
         print_counters(counters, counted, sides, args.tokens * (args.rounds - 1))
     return 0
@@ -135,7 +163,7 @@ def run_processes(args):
     for i in range(args.processes):
         first = "native" if i % 2 == 0 else "flagos"
         command = [sys.executable, os.path.abspath(__file__), "--model", args.model, "--rounds", str(args.rounds),
-                   "--tokens", str(args.tokens), "--build-first", first]
+                   "--tokens", str(args.tokens), "--build-first", first] + (["--decomposed"] if args.decomposed else [])
         out = subprocess.run(command, capture_output=True, text=True)
         found = [RESULT.match(line) for line in out.stdout.splitlines()]
         found = [m for m in found if m]
@@ -145,12 +173,13 @@ def run_processes(args):
             return 1
         ratios.append(float(found[-1].group(1)))
         flagos_first.append(first == "flagos")
+        decomposed = [line for line in out.stdout.splitlines() if line.startswith("median ratio with composite")]
         same = same and "tokens equal" in out.stdout
         # Each timed round's ratio too: a ratio rising round by round is a
         # side still warming up, which fewer rounds would count against it.
         rounds = [m.group(1) for m in map(ROUND.match, out.stdout.splitlines()) if m]
         print(f"process {i + 1}/{args.processes}, {first} built first: median ratio {ratios[-1]:.3f} "
-              f"(rounds: {' '.join(rounds)})", flush=True)
+              f"(rounds: {' '.join(rounds)})" + (f"; {decomposed[-1]}" if decomposed else ""), flush=True)
     print(f"over {len(ratios)} processes: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-"
           f"{max(ratios):.3f}, order-balanced {order_balanced(ratios, flagos_first):.3f}; "
           f"tokens {'equal' if same else 'NOT equal'} in every process")

@@ -18,7 +18,7 @@ def _autoload():
 import torch as _torch  # noqa: E402
 
 from . import _C  # noqa: E402
-from ._routing import route, route_layer, set_route, clear_route, routes, providers
+from ._routing import route, route_layer, set_route, clear_route, routes, providers, set_whole_ops, whole_ops
 from ._trace import trace
 from . import _plugins  # noqa: E402
 from . import _conf  # noqa: E402
@@ -30,6 +30,7 @@ from ._conf import ConfError, load_conf  # noqa: E402
 __version__ = "0.1.3"
 __all__ = [
     "runtime", "plugins", "providers", "route", "route_layer", "set_route", "clear_route", "routes", "trace",
+    "set_whole_ops", "whole_ops",
     "ConfError", "load_conf", "register_python_provider", "as_native", "from_native", "use_autocast_policies",
     "cmake_prefix_path",
 ]

@@ -35,6 +35,7 @@ from . import _C
 CONF_ENV = "FLAGOS_CONF"
 OP_ENV_PREFIX = "FLAGOS_OP_"
 LOG_ENV = "FLAGOS_LOG_DISPATCH"
+WHOLE_OPS_ENV = "FLAGOS_WHOLE_OPS"
 DEFAULT_CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confs", "default.yaml")
 FALLBACK = "cpu_fallback"
 
@@ -211,13 +212,20 @@ def _env_name(overload):
     return OP_ENV_PREFIX + overload.replace(".", "__")
 
 
-def log_dispatch_requested(environ):
-    value = environ.get(LOG_ENV, "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
-        return False
+def env_switch(environ, name, default):
+    """An on/off environment variable (1/0, true/false, yes/no, on/off)."""
+    value = environ.get(name, "").strip().lower()
+    if value == "":
+        return default
     if value in ("1", "true", "yes", "on"):
         return True
-    raise ConfError(f"{LOG_ENV}: expected 1 or 0, got {environ[LOG_ENV]!r}")
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfError(f"{name}: expected 1 or 0, got {environ[name]!r}")
+
+
+def log_dispatch_requested(environ):
+    return env_switch(environ, LOG_ENV, False)
 
 
 # ---------------------------------------------------------------- resolving
@@ -370,6 +378,8 @@ def configure(plugin_confs=()):
     try:
         if log_dispatch_requested(os.environ):
             _C._set_log_dispatch(True)
+        if not env_switch(os.environ, WHOLE_OPS_ENV, True):
+            _C._set_whole_ops(False)
         apply_all(plugin_confs)
     except ConfError as e:
         if not _imported_by_cli():

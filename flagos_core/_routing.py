@@ -30,6 +30,21 @@ def clear_route(overload):
     _C._clear_route(overload)
 
 
+def set_whole_ops(enabled):
+    """Switch on (the default) or off running composite ops such as linear
+    whole on the native device where no autograd is needed (one routed call
+    instead of one per op of their decomposition; FLAGOS_WHOLE_OPS=0 at
+    import switches it off)."""
+    _C._set_whole_ops(bool(enabled))
+
+
+def whole_ops():
+    """Whether composite ops run whole now: the switch is on, and no route
+    sends an overload the native device can run to another provider (a
+    whole call would bypass it)."""
+    return bool(_C._whole_ops_on())
+
+
 @contextlib.contextmanager
 def routes(mapping):
     """Route several overloads for the duration of a `with` block."""

@@ -66,7 +66,10 @@ def test_recurrent_layers_match_the_native_device(case, native_results):
     with flagos_core.trace() as t:
         flagos = _run_layers(torch.device("flagos"), [CASES[case]])
     assert t.fallbacks == []
-    assert_matches_native(flagos, native, rtol=1e-4, atol=1e-5)
+    # Within rounding: on CUDA the native side runs cuDNN's RNN and flagos
+    # the fused cells step by step, which sum in another order (a GRU's
+    # gradients differed by up to 3.6e-5, 9e-4 relative, on an H100).
+    assert_matches_native(flagos, native, rtol=1e-3, atol=1e-4)
 
 
 def _rms_norms(device):

@@ -15,16 +15,22 @@ Overloads whose base name is listed in typed_ops.txt (every overload with
 --typed all, none with --typed none) get a typed kernel (core/TypedKernel.h)
 when their C++ signature allows it; the rest are served boxed. Typed kernels
 are spread over --shards files so the build compiles them in parallel.
+
+The functional overloads of the purely composite ops listed in whole_ops.txt
+get a row too, marked `whole`, and a kernel for AutogradPrivateUse1
+(core/WholeKernel.h, WholeKernels.cpp): without autograd the op runs whole on
+the native device, its decomposition there; with autograd it decomposes on
+flagos as any composite op does.
 """
 
 import argparse
 import os
 
 import torchgen
-from torchgen.api.types import DispatcherSignature
+from torchgen.api.types import CppSignatureGroup, DispatcherSignature
 from torchgen.context import native_function_manager
 from torchgen.gen import parse_native_yaml
-from torchgen.model import DeviceCheckType, DispatchKey
+from torchgen.model import DeviceCheckType, DispatchKey, SchemaKind
 
 BACKENDS = (DispatchKey.CPU, DispatchKey.CUDA)
 
@@ -34,12 +40,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BOXED_ONLY_TYPES = ("Generator", "Device", "Stream", "Storage")
 
 
-def routable_overloads():
-    """(function, exact_device) for each overload that reaches PrivateUse1."""
+def parsed_native_functions():
     native_dir = os.path.join(os.path.dirname(torchgen.__file__), "packaged", "ATen", "native")
-    parsed = parse_native_yaml(
-        os.path.join(native_dir, "native_functions.yaml"), os.path.join(native_dir, "tags.yaml")
-    )
+    return parse_native_yaml(os.path.join(native_dir, "native_functions.yaml"), os.path.join(native_dir, "tags.yaml"))
+
+
+def routable_overloads(parsed):
+    """(function, exact_device) for each overload that reaches PrivateUse1."""
     by_name = {str(f.func.name): f for f in parsed.native_functions}
     indices = parsed.backend_indices
 
@@ -67,6 +74,37 @@ def typed_signature_ok(f):
     return "&" not in ret
 
 
+def decomposition_function(f):
+    """The at::compositeimplicitautograd function that is f's composite kernel,
+    where its C++ signature is the dispatcher's (so a typed kernel can call it
+    with its own arguments), else None."""
+    with native_function_manager(f):
+        group = CppSignatureGroup.from_native_function(f, method=False, fallback_binding=False)
+        cpp = group.symint_signature or group.signature
+        dispatcher = DispatcherSignature.from_schema(f.func)
+        same = [a.type for a in cpp.arguments()] == [a.type for a in dispatcher.arguments()]
+    return cpp.name() if same else None
+
+
+def whole_overloads(parsed, routable):
+    """(function, decomposition function) for the functional overloads of
+    whole_ops.txt's ops that PyTorch decomposes for every device (`routable`:
+    the names of those with a backend kernel)."""
+    with open(os.path.join(HERE, "whole_ops.txt")) as listing:
+        wanted = {line.split("#")[0].strip() for line in listing} - {""}
+    for f in parsed.native_functions:
+        if (
+            f.root_name in wanted
+            and f.func.kind() == SchemaKind.functional
+            and f.has_composite_implicit_autograd_kernel
+            and str(f.func.name) not in routable
+            and typed_signature_ok(f)
+        ):
+            decomposition = decomposition_function(f)
+            if decomposition is not None:
+                yield f, decomposition
+
+
 def typed_names(choice):
     if choice == "all":
         return None
@@ -85,8 +123,8 @@ def render_table(rows):
         "",
         "const OpTableRow kOpTable[] = {",
     ]
-    for name, exact_device, typed in rows:
-        lines.append(f'    {{"{name}", {str(exact_device).lower()}, {str(typed).lower()}}},')
+    for name, exact_device, typed, whole in rows:
+        lines.append(f'    {{"{name}", {str(exact_device).lower()}, {str(typed).lower()}, {str(whole).lower()}}},')
     lines += [
         "};",
         "",
@@ -114,6 +152,35 @@ def render_typed(entries):
     return "\n".join(lines)
 
 
+def render_whole(entries):
+    """WholeKernels.cpp: entries are (slot, overload, op struct, header,
+    decomposition function)."""
+    lines = [
+        "// Generated at build time by flagos_core/codegen/gen_op_table.py. Do not edit.",
+        '#include "core/WholeKernel.h"',
+        "",
+    ]
+    for h in sorted({e[3] for e in entries}):
+        lines += [f"#include <ATen/ops/{h}_ops.h>", f"#include <ATen/ops/{h}_compositeimplicitautograd_dispatch.h>"]
+    lines += ["", "namespace {", ""]
+    for slot, overload, op, _, decomposition in entries:
+        # The composite kernel, as a type the kernel template takes.
+        lines += [
+            f"struct Decompose_{op} {{",
+            "  template <class... A>",
+            "  static auto call(A&&... args) {",
+            f"    return at::compositeimplicitautograd::{decomposition}(std::forward<A>(args)...);",
+            "  }",
+            "};",
+            "",
+        ]
+    lines += ["} // namespace", "", "TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {"]
+    for slot, overload, op, _, _ in entries:
+        lines.append(f'  flagos::typed::registerWhole<at::_ops::{op}, {slot}, Decompose_{op}>(m, "{overload}");')
+    lines += ["}", ""]
+    return "\n".join(lines)
+
+
 def write_if_changed(path, text):
     # Rewrite only on change so an unchanged torch does not trigger a rebuild.
     if os.path.exists(path) and open(path).read() == text:
@@ -129,17 +196,25 @@ def main():
     parser.add_argument("--typed", default="list", choices=("list", "all", "none"))
     args = parser.parse_args()
     wanted = typed_names(args.typed)
-    rows, typed = [], []
-    for f, exact_device in sorted(routable_overloads(), key=lambda item: str(item[0].func.name)):
+    parsed = parsed_native_functions()
+    routable = sorted(routable_overloads(parsed), key=lambda item: str(item[0].func.name))
+    rows, typed, whole = [], [], []
+    for f, exact_device in routable:
         name = str(f.func.name)
         is_typed = (wanted is None or f.root_name in wanted or str(f.func.name.name) in wanted) and typed_signature_ok(f)
         if is_typed:
             typed.append((len(rows), name, f.func.name.unambiguous_name(), f.root_name))
-        rows.append((name, exact_device, is_typed))
+        rows.append((name, exact_device, is_typed, False))
+    routable_names = {str(f.func.name) for f, _ in routable}
+    for f, decomposition in sorted(whole_overloads(parsed, routable_names), key=lambda e: str(e[0].func.name)):
+        name = str(f.func.name)
+        whole.append((len(rows), name, f.func.name.unambiguous_name(), f.root_name, decomposition))
+        rows.append((name, f.device_check == DeviceCheckType.ExactSame, True, True))
     write_if_changed(os.path.join(args.outdir, "OpTable.cpp"), render_table(rows))
     for shard in range(args.shards):
         text = render_typed(typed[shard :: args.shards])
         write_if_changed(os.path.join(args.outdir, f"TypedKernels{shard}.cpp"), text)
+    write_if_changed(os.path.join(args.outdir, "WholeKernels.cpp"), render_whole(whole))
 
 
 if __name__ == "__main__":

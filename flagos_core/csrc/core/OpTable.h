@@ -8,7 +8,10 @@ namespace flagos::generated {
 struct OpTableRow {
   const char* overload; // "add.Tensor", "view" (no overload name)
   bool exact_device; // native_functions.yaml device_check: ExactSame
-  bool typed; // served by a generated typed kernel (TypedKernels*.cpp)
+  bool typed; // served by a generated typed kernel (TypedKernels*.cpp, WholeKernels.cpp)
+  // A composite op run whole on the native device when no autograd is
+  // needed (WholeKernels.cpp, registered for AutogradPrivateUse1 only).
+  bool whole;
 };
 
 extern const OpTableRow kOpTable[];

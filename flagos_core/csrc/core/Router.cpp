@@ -3,6 +3,7 @@
 // atomic provider pointer -> provider->call.
 
 #include <flagos/Router.h>
+#include <flagos/Runtime.h>
 
 #include "core/OpTable.h"
 #include "core/RouterInternal.h"
@@ -44,6 +45,10 @@ struct alignas(64) Router {
   std::unique_ptr<Slot[]> slots;
   std::atomic<int> trace_depth{0};
   std::atomic<bool> log_dispatch{false};
+  // Whether composite ops may run whole on the native device
+  // (WholeKernel.h): 1 yes, 0 no, -1 to be worked out again (routes changed).
+  std::atomic<int> whole_state{-1};
+  bool whole_enabled = true; // the switch (setWholeOps), under `mutex`
   std::unique_ptr<std::atomic<uint64_t>[]> counters;
   std::mutex mutex;
   size_t slot_count = 0;
@@ -346,6 +351,7 @@ void setRoute(const std::string& overload, const std::string& provider_name, con
   Slot& slot = r.slots[index];
   slot.explicit_provider = provider;
   slot.layer = layer;
+  r.whole_state.store(-1, std::memory_order_release);
   if (handle) {
     describe(slot, *handle);
     slot.provider.store(provider, std::memory_order_release);
@@ -361,6 +367,7 @@ void clearRoute(const std::string& overload) {
   Slot& slot = r.slots[index];
   slot.explicit_provider = nullptr;
   slot.layer = "default";
+  r.whole_state.store(-1, std::memory_order_release);
   slot.provider.store(nullptr, std::memory_order_release); // re-resolved on next call
 }
 
@@ -370,6 +377,7 @@ void setDefaultProvider(const std::string& provider_name) {
   KernelProvider* provider = r.providerLocked(provider_name);
   TORCH_CHECK(provider != nullptr, "flagos: unknown provider '", provider_name, "'; valid providers: ", r.providerListLocked());
   r.default_provider = provider;
+  r.whole_state.store(-1, std::memory_order_release);
   for (size_t i = 0; i < r.slot_count; ++i) {
     if (r.slots[i].explicit_provider == nullptr) {
       r.slots[i].provider.store(nullptr, std::memory_order_release);
@@ -402,6 +410,17 @@ bool canServe(const std::string& overload, const std::string& provider_name) {
     return out;
   }());
   return provider->canServe(*handle);
+}
+
+void setWholeOps(bool enabled) {
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.whole_enabled = enabled;
+  r.whole_state.store(-1, std::memory_order_release);
+}
+
+bool wholeOpsOn() {
+  return detail::wholeCallsOn();
 }
 
 void setLogDispatch(bool enabled) {
@@ -471,6 +490,39 @@ uint64_t writtenArguments(const c10::FunctionSchema& schema) {
     }
   }
   return written;
+}
+
+bool wholeCallsOnSlowly() {
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  // Off unless the default provider relabels for the native device, and no
+  // route sends an overload that the native device can run elsewhere: its
+  // decomposition there might reach that overload and bypass the route.
+  // Routes of overloads it has no kernel for (the CUDA plugin's for SDPA's
+  // CPU flash kernels) cannot be reached there.
+  bool on = r.whole_enabled && r.default_provider != nullptr && r.default_provider->relabel() != nullptr &&
+      hasActiveRuntime();
+  if (on) {
+    const c10::DispatchKey native = activeRuntime().nativeDispatchKey();
+    for (size_t i = 0; i < r.slot_count && on; ++i) {
+      const Slot& slot = r.slots[i];
+      if (slot.explicit_provider == nullptr || slot.explicit_provider == r.default_provider) {
+        continue;
+      }
+      auto handle = slot.handle ? slot.handle : findHandle(slot.name);
+      on = handle.has_value() && !handle->hasComputedKernelForDispatchKey(native);
+    }
+  }
+  r.whole_state.store(on ? 1 : 0, std::memory_order_release);
+  return on;
+}
+
+bool wholeCallsOn() {
+  const int state = router().whole_state.load(std::memory_order_acquire);
+  if (C10_LIKELY(state >= 0)) {
+    return state == 1;
+  }
+  return wholeCallsOnSlowly();
 }
 
 RelabelProvider* defaultRelabelProvider() {

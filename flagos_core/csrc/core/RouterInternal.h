@@ -27,6 +27,11 @@ c10::BoxedKernel providerBoxedKernel(size_t index);
 // outside the router (convolution), so they run it inside its NativeScope.
 RelabelProvider* defaultRelabelProvider();
 
+// Whether the composite ops of WholeKernel.h may run whole on the native
+// device: the default provider relabels for it, and no route sends an
+// overload the native device can run to another provider.
+bool wholeCallsOn();
+
 // The arguments `schema` writes (in-place, out=): bit i for argument i, the
 // first 64 (CallState::writeBackWritten checks any later one anyway).
 uint64_t writtenArguments(const c10::FunctionSchema& schema);

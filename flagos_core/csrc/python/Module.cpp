@@ -129,6 +129,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_slot_names", &slotNames);
   m.def("_can_serve", &canServe);
   m.def("_set_log_dispatch", &setLogDispatch);
+  m.def("_set_whole_ops", &setWholeOps);
+  m.def("_whole_ops_on", &wholeOpsOn);
   m.def("_trace_begin", &traceBegin);
   m.def("_trace_end", [] {
     py::dict out;

@@ -39,6 +39,12 @@ FLAGOS_API void setDefaultProvider(const std::string& provider);
 FLAGOS_API std::vector<std::string> slotNames();
 // Whether `provider` has a kernel for `overload`.
 FLAGOS_API bool canServe(const std::string& overload, const std::string& provider);
+// Composite ops run whole on the native device without autograd
+// (codegen/whole_ops.txt): the switch (on by default; FLAGOS_WHOLE_OPS=0),
+// and whether they do now (the switch on, the default provider a relabel
+// provider, no route they could bypass).
+FLAGOS_API void setWholeOps(bool enabled);
+FLAGOS_API bool wholeOpsOn();
 // FLAGOS_LOG_DISPATCH: log each call as `overload -> provider` on stderr.
 FLAGOS_API void setLogDispatch(bool enabled);
 

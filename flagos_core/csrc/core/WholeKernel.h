@@ -1,0 +1,122 @@
+#pragma once
+
+// Composite ops run whole on the native device (codegen/whole_ops.txt,
+// registered for AutogradPrivateUse1 by the generated WholeKernels.cpp).
+//
+// PyTorch decomposes a composite op such as linear on every device: on
+// flagos that made each op of the decomposition a flagos call of its own
+// (linear: a transpose, a reshape, mm, a view), each paying the relabel's
+// cost. Where no autograd is needed, the op is one relabelled call instead:
+// the native device's own composite kernel runs on the native aliases, and
+// its ops are native calls. The results are the native device's by
+// construction (the same kernels, picked by the native device's own checks).
+//
+// With autograd (grad mode and a tensor that requires grad, or a
+// forward-mode gradient), with tensors that are not plain flagos tensors
+// (FakeTensor, functionalization, conjugate views, other devices), or while
+// a route might be bypassed (detail::wholeCallsOn), the op decomposes on
+// flagos as before: its composite kernel, called directly.
+
+#include "core/TypedKernel.h"
+
+#include <ATen/ops/scaled_dot_product_attention_ops.h>
+#include <c10/core/GradMode.h>
+
+#include <optional>
+#include <type_traits>
+
+namespace flagos::typed {
+
+namespace whole {
+
+// The keys of a plain flagos tensor (dense, on flagos, no Python subclass,
+// no conjugate or negative bit): a tensor with any other key decomposes.
+inline c10::DispatchKeySet plainKeys() {
+  static const c10::DispatchKeySet keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) |
+      c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::PrivateUse1Bit) |
+      c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::PrivateUse1Bit);
+  return keys;
+}
+
+// Whether `t` lets the call run whole: a plain flagos tensor (or none) that
+// needs no autograd.
+inline bool plainTensor(const at::Tensor& t, bool grad_mode, c10::DispatchKeySet plain) {
+  if (!t.defined()) {
+    return true;
+  }
+  if (!plain.isSupersetOf(t.key_set())) {
+    return false;
+  }
+  if (grad_mode && t.requires_grad()) {
+    return false;
+  }
+  // Forward-mode AD has one level, 0 (nested levels are refused by PyTorch).
+  return t.unsafeGetTensorImpl()->autograd_meta() == nullptr || !t._fw_grad(/*level=*/0).defined();
+}
+
+template <class T>
+C10_ALWAYS_INLINE bool plainArgument(const std::remove_reference_t<T>& arg, bool grad_mode, c10::DispatchKeySet plain) {
+  using D = std::decay_t<T>;
+  if constexpr (std::is_same_v<D, at::Tensor>) {
+    return plainTensor(arg, grad_mode, plain);
+  } else if constexpr (std::is_same_v<D, std::optional<at::Tensor>>) {
+    return !arg.has_value() || plainTensor(*arg, grad_mode, plain);
+  } else {
+    static_assert(
+        !std::is_same_v<D, at::TensorList> && !std::is_same_v<D, at::ITensorListRef> &&
+            !std::is_same_v<D, c10::List<std::optional<at::Tensor>>>,
+        "flagos: whole_ops.txt lists an op with a tensor-list argument; WholeKernel.h does not check lists");
+    return true;
+  }
+}
+
+// Extra conditions of one op: SDPA with dropout draws from the native
+// device's generator inside its kernel, so it runs whole only without it.
+template <class Op>
+struct Condition {
+  template <class... A>
+  static bool holds(const A&...) {
+    return true;
+  }
+};
+
+template <>
+struct Condition<at::_ops::scaled_dot_product_attention> {
+  template <class... A>
+  static bool holds(const A&... args) {
+    return std::get<4>(std::forward_as_tuple(args...)) == 0.0; // dropout_p
+  }
+};
+
+} // namespace whole
+
+template <class Op, size_t Slot, class Decompose, class Sig = typename Op::schema>
+struct WholeKernel;
+
+template <class Op, size_t Slot, class Decompose, class R, class... A>
+struct WholeKernel<Op, Slot, Decompose, R(A...)> {
+  using Routed = Kernel<Op, Slot>;
+
+  static R call(c10::DispatchKeySet keys, A... args) {
+    const bool grad_mode = c10::GradMode::is_enabled();
+    const c10::DispatchKeySet plain = whole::plainKeys();
+    if ((whole::plainArgument<A>(args, grad_mode, plain) && ...) && whole::Condition<Op>::holds(args...) &&
+        detail::wholeCallsOn()) {
+      return Routed::call(keys, std::forward<A>(args)...);
+    }
+    return Decompose::call(std::forward<A>(args)...);
+  }
+};
+
+// Registers `Op`'s whole kernel for routing slot `Slot`, for
+// AutogradPrivateUse1; `Decompose` calls the op's composite kernel.
+template <class Op, size_t Slot, class Decompose>
+void registerWhole(torch::Library& m, const char* overload) {
+  using K = typename WholeKernel<Op, Slot, Decompose>::Routed;
+  auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name).template typed<typename Op::schema>();
+  const uint64_t written = detail::writtenArguments(handle.schema());
+  new (K::storage) typename K::Overload{std::move(handle), detail::providerBoxedKernel(Slot), written}; // never destroyed: kernels may run at exit
+  m.impl(overload, torch::CppFunction::makeFromUnboxedFunction(TORCH_FN((WholeKernel<Op, Slot, Decompose>::call))));
+}
+
+} // namespace flagos::typed

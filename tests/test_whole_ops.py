@@ -1,0 +1,284 @@
+"""Composite ops run whole on the native device where no autograd is needed
+(flagos_core/codegen/whole_ops.txt, core/WholeKernel.h): one call routed to
+the runtime's provider instead of one per op of the decomposition, with the
+native device's results. With autograd, or with tensors that are not plain
+flagos tensors, they decompose on flagos as before.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.autograd import forward_ad
+
+import flagos_core
+from native_reference import compare_with_native, native_device
+
+PROVIDER = flagos_core.runtime()["name"]
+NATIVE = native_device()
+
+
+def make_inputs(device, requires_grad=False):
+    g = torch.Generator().manual_seed(0)
+
+    def make(*shape):
+        return torch.randn(*shape, generator=g).to(device).requires_grad_(requires_grad)
+
+    return {
+        "x": make(2, 5, 64),
+        "w": make(48, 64),
+        "b": make(48),
+        "q": make(2, 8, 5, 32),
+        "kv": make(2, 4, 7, 32),
+        "norm_w": make(64),
+        "norm_b": make(64),
+        "channels": make(2, 64, 5),
+    }
+
+
+# name -> (overload the call is traced as when whole, the call)
+CALLS = {
+    "linear": ("linear", lambda t: F.linear(t["x"], t["w"], t["b"])),
+    "matmul": ("matmul", lambda t: torch.matmul(t["x"], t["norm_w"])),
+    "sdpa": (
+        "scaled_dot_product_attention",
+        lambda t: F.scaled_dot_product_attention(t["q"], t["kv"], t["kv"], enable_gqa=True),
+    ),
+    "rms_norm": ("rms_norm", lambda t: F.rms_norm(t["x"], (64,), t["norm_w"], 1e-6)),
+    "layer_norm": ("layer_norm", lambda t: F.layer_norm(t["x"], (64,), t["norm_w"], t["norm_b"])),
+    "group_norm": ("group_norm", lambda t: F.group_norm(t["channels"], 4)),
+}
+WHOLE = {overload for overload, _ in CALLS.values()}
+
+
+def traced_ops(fn, *args):
+    with flagos_core.trace() as t:
+        out = fn(*args)
+    assert t.fallbacks == []
+    return out, t.counts
+
+
+# Self-contained (on an accelerator the native side runs this source in a
+# side process without flagos): every call of CALLS, without autograd.
+def all_calls_without_grad(device):
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+
+    def make(*shape):
+        return torch.randn(*shape, generator=g).to(device)
+
+    x, w, b, q, kv, nw, nb = make(2, 5, 64), make(48, 64), make(48), make(2, 8, 5, 32), make(2, 4, 7, 32), make(64), make(64)
+    w = torch.nn.Parameter(w)  # a model's weight: requires grad, under no_grad
+    with torch.no_grad():
+        return [
+            F.linear(x, w, b),
+            torch.matmul(x, w.t()),
+            torch.matmul(x[0, 0], w.t()),
+            F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True),
+            F.scaled_dot_product_attention(q, kv[:, :, :5], kv[:, :, :5], is_causal=True, enable_gqa=True),
+            F.scaled_dot_product_attention(q, kv, kv, attn_mask=kv[0, 0, :, :1].t() > 0, enable_gqa=True),
+            F.rms_norm(x, (64,), nw, 1e-6),
+            F.layer_norm(x, (64,), nw, nb),
+            F.group_norm(x.transpose(1, 2), 4),
+        ]
+
+
+def all_calls_with_grad(device):
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+
+    def make(*shape):
+        return torch.randn(*shape, generator=g).to(device).requires_grad_()
+
+    x, w, b, q, kv, nw, nb = make(2, 5, 64), make(48, 64), make(48), make(2, 8, 5, 32), make(2, 4, 7, 32), make(64), make(64)
+    # Not rms_norm: its gradients on the host runtime differ from CPU's in
+    # rounding (docs/performance.md, the OpInfo gradient sweep).
+    outs = [
+        F.linear(x, w, b),
+        torch.matmul(x, w.t()),
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True),
+        F.layer_norm(x, (64,), nw, nb),
+        F.group_norm(x.transpose(1, 2), 4, nw, nb),
+    ]
+    sum(o.float().pow(2).sum() for o in outs).backward()
+    return [o.detach() for o in outs] + [t.grad for t in (x, w, b, q, kv, nw, nb)]
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_a_call_without_autograd_is_one_call_to_the_runtime(name):
+    overload, call = CALLS[name]
+    t = make_inputs("flagos")
+    t["w"] = torch.nn.Parameter(t["w"])
+    with torch.no_grad():
+        _, counts = traced_ops(call, t)
+    assert set(counts) == {(overload, PROVIDER)}, f"{name} decomposed on flagos: {sorted(counts)}"
+
+
+def test_results_without_autograd_are_the_native_devices(tmp_path):
+    compare_with_native(all_calls_without_grad, NATIVE, tmp_path)
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_with_autograd_the_call_decomposes(name):
+    overload, call = CALLS[name]
+    _, counts = traced_ops(call, make_inputs("flagos", requires_grad=True))
+    assert not {op for op, _ in counts} & WHOLE, f"{name} ran whole though its inputs require grad"
+    assert counts, "nothing traced"
+
+
+def test_results_and_gradients_with_autograd_are_the_native_devices(tmp_path):
+    compare_with_native(all_calls_with_grad, NATIVE, tmp_path)
+
+
+def test_grad_mode_decides_not_the_weights_flag():
+    # The same Parameter (requires_grad) runs whole under no_grad and
+    # decomposes under grad mode; a plain tensor runs whole in either mode.
+    t = make_inputs("flagos")
+    w = torch.nn.Parameter(t["w"])
+    _, counts = traced_ops(F.linear, t["x"], w)
+    assert ("linear", PROVIDER) not in counts
+    with torch.no_grad():
+        _, counts = traced_ops(F.linear, t["x"], w)
+    assert set(counts) == {("linear", PROVIDER)}
+    _, counts = traced_ops(F.linear, t["x"], t["w"])
+    assert set(counts) == {("linear", PROVIDER)}
+
+
+def test_forward_mode_gradients_decompose_and_equal_the_native_devices():
+    def jvp(device):
+        t = make_inputs(device)
+        tangent = torch.ones_like(t["x"])
+        with forward_ad.dual_level():
+            dual = forward_ad.make_dual(t["x"], tangent)
+            out = F.layer_norm(F.linear(dual, t["w"], t["b"]), (48,))
+            primal, out_tangent = forward_ad.unpack_dual(out)
+        return primal, out_tangent
+
+    with torch.no_grad():
+        (primal, tangent), counts = traced_ops(jvp, "flagos")
+        native_primal, native_tangent = jvp(NATIVE)
+    assert not {op for op, _ in counts} & WHOLE
+    assert tangent is not None
+    if NATIVE.type == "cpu":
+        assert torch.equal(primal.cpu(), native_primal) and torch.equal(tangent.cpu(), native_tangent)
+    else:  # an accelerator's forward AD in this process: compared within rounding
+        torch.testing.assert_close(primal.cpu(), native_primal.cpu())
+        torch.testing.assert_close(tangent.cpu(), native_tangent.cpu())
+
+
+def test_inference_mode_decomposes_with_the_same_results():
+    # Inference mode skips the autograd keys, where the whole kernels are
+    # registered: PyTorch's composite kernel runs, as before.
+    t = make_inputs("flagos")
+    with torch.no_grad():
+        whole = F.linear(t["x"], t["w"], t["b"])
+    with torch.inference_mode():
+        out, counts = traced_ops(F.linear, t["x"], t["w"], t["b"])
+    assert ("linear", PROVIDER) not in counts
+    assert torch.equal(out.cpu(), whole.cpu())
+
+
+def test_conjugate_views_decompose():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 8, dtype=torch.complex64, generator=g)
+    w = torch.randn(4, 8, dtype=torch.complex64, generator=g)
+    with torch.no_grad():
+        out, counts = traced_ops(F.linear, x.to("flagos").conj(), w.to("flagos"))
+    assert ("linear", PROVIDER) not in counts
+    if NATIVE.type == "cpu":
+        assert torch.equal(out.cpu(), F.linear(x.conj(), w))
+    else:
+        torch.testing.assert_close(out.cpu(), F.linear(x.conj(), w))
+
+
+def test_sdpa_with_dropout_decomposes():
+    # Its dropout draws inside the native kernel, from the native device's
+    # generator rather than flagos's: such calls keep the decomposition.
+    t = make_inputs("flagos")
+    with torch.no_grad():
+        out, counts = traced_ops(F.scaled_dot_product_attention, t["q"], t["q"], t["q"], None, 0.5)
+    assert ("scaled_dot_product_attention", PROVIDER) not in counts
+    assert out.shape == t["q"].shape
+
+
+def test_other_devices_get_the_decompositions_error():
+    t = make_inputs("flagos")
+    with torch.no_grad(), pytest.raises(RuntimeError, match="device"):
+        F.linear(t["x"], t["w"].cpu())
+
+
+def test_a_route_elsewhere_turns_whole_calls_off_until_cleared():
+    # histc has a native kernel: a decomposition could reach it, so a route
+    # of it to another provider must not be bypassed by a whole call.
+    t = make_inputs("flagos")
+    flagos_core.set_route("histc", "composite")
+    try:
+        with torch.no_grad():
+            out, counts = traced_ops(F.linear, t["x"], t["w"], t["b"])
+        assert ("linear", PROVIDER) not in counts
+    finally:
+        flagos_core.clear_route("histc")
+    with torch.no_grad():
+        whole, counts = traced_ops(F.linear, t["x"], t["w"], t["b"])
+    assert set(counts) == {("linear", PROVIDER)}
+    assert torch.equal(out.cpu(), whole.cpu())
+
+
+@pytest.mark.skipif(PROVIDER != "host", reason="needs an overload the native device (CPU) has no kernel for")
+def test_a_route_the_native_device_cannot_reach_keeps_whole_calls():
+    t = make_inputs("flagos")
+    flagos_core.set_route("_thnn_fused_lstm_cell", "composite")  # CUDA-only
+    try:
+        with torch.no_grad():
+            _, counts = traced_ops(F.linear, t["x"], t["w"], t["b"])
+        assert set(counts) == {("linear", PROVIDER)}
+    finally:
+        flagos_core.clear_route("_thnn_fused_lstm_cell")
+
+
+def test_compiled_graphs_trace_the_decomposition():
+    # FakeTensors are not plain flagos tensors: compiling decomposes, and
+    # the compiled function gives eager's results.
+    t = make_inputs("flagos")
+    fn = torch.compile(lambda x, w, b: F.linear(x, w, b).relu(), backend="aot_eager")
+    with torch.no_grad():
+        eager = F.linear(t["x"], t["w"], t["b"]).relu()
+        compiled = fn(t["x"], t["w"], t["b"])
+    torch.testing.assert_close(compiled.cpu(), eager.cpu())
+
+
+def test_the_switch_turns_whole_calls_off_and_on():
+    t = make_inputs("flagos")
+    assert flagos_core.whole_ops()
+    flagos_core.set_whole_ops(False)
+    try:
+        assert not flagos_core.whole_ops()
+        with torch.no_grad():
+            decomposed, counts = traced_ops(F.linear, t["x"], t["w"], t["b"])
+        assert ("linear", PROVIDER) not in counts
+    finally:
+        flagos_core.set_whole_ops(True)
+    with torch.no_grad():
+        whole, counts = traced_ops(F.linear, t["x"], t["w"], t["b"])
+    assert set(counts) == {("linear", PROVIDER)}
+    assert torch.equal(decomposed.cpu(), whole.cpu())
+
+
+@pytest.mark.parametrize("value, expected", [("0", "False"), ("off", "False"), ("1", "True"), ("", "True")])
+def test_the_environment_variable_sets_the_switch(value, expected):
+    env = dict(os.environ, FLAGOS_WHOLE_OPS=value)
+    out = subprocess.run([sys.executable, "-c", "import flagos_core; print(flagos_core.whole_ops())"],
+                         env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == expected
+
+
+def test_a_bad_environment_value_is_named():
+    env = dict(os.environ, FLAGOS_WHOLE_OPS="maybe")
+    out = subprocess.run([sys.executable, "-c", "import flagos_core"], env=env, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "FLAGOS_WHOLE_OPS: expected 1 or 0, got 'maybe'" in out.stderr
