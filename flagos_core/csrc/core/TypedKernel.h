@@ -190,9 +190,10 @@ struct Ret<std::tuple<T...>> {
 };
 
 // Signatures whose calls can take the short path (SharedKernel::shortCall):
-// arguments that are tensors or plain values (no lists or optionals of
-// tensors), and either a tensor result with every tensor argument read as it
-// is, or (in-place, out=) one written tensor argument, which is the result.
+// arguments that are tensors or plain values (no lists), and either a tensor
+// result with every tensor argument read as it is (optional tensors too:
+// linear's bias, SDPA's mask), or (in-place, out=) one written tensor
+// argument, which is the result, and no optional tensors.
 template <class T>
 inline constexpr bool kReadTensor = std::is_same_v<T, const at::Tensor&>;
 template <class T>
@@ -200,17 +201,37 @@ inline constexpr bool kWrittenTensor = std::is_same_v<T, at::Tensor&>;
 template <class T>
 inline constexpr bool kShortTensor = kReadTensor<T> || kWrittenTensor<T>;
 template <class T>
+inline constexpr bool kOptionalTensor = std::is_same_v<T, const std::optional<at::Tensor>&>;
+// An argument with a place in the short path's alias array (empty for an
+// absent optional tensor).
+template <class T>
+inline constexpr bool kAliasSlot = kShortTensor<T> || kOptionalTensor<T>;
+template <class T>
 inline constexpr bool kPlainValue = std::is_same_v<typename Arg<T>::Held, T>;
 
 template <class R, class... A>
-inline constexpr bool kShortPathSignature = sizeof...(A) > 0 && ((kShortTensor<A> || kPlainValue<A>) && ...) &&
-    ((std::is_same_v<R, at::Tensor> && (kReadTensor<A> || ...) && !(kWrittenTensor<A> || ...)) ||
-     (std::is_same_v<R, at::Tensor&> && (size_t{kWrittenTensor<A>} + ...) == 1));
+inline constexpr bool kShortPathSignature = sizeof...(A) > 0 &&
+    ((std::is_same_v<R, at::Tensor> && ((kAliasSlot<A> || kPlainValue<A>) && ...) && (kReadTensor<A> || ...) &&
+      !(kWrittenTensor<A> || ...)) ||
+     (std::is_same_v<R, at::Tensor&> && ((kShortTensor<A> || kPlainValue<A>) && ...) &&
+      (size_t{kWrittenTensor<A>} + ...) == 1));
 
-// For each argument, its place among the tensor arguments (read or written).
+// What the short path passes for an argument: an optional tensor's alias
+// goes in an optional of its own (a reference count, no allocation).
+template <class T>
+struct ShortPass {
+  using type = T;
+};
+template <>
+struct ShortPass<const std::optional<at::Tensor>&> {
+  using type = std::optional<at::Tensor>;
+};
+
+// For each argument, its place among the tensor arguments (read, written
+// or optional).
 template <class... A>
 constexpr std::array<size_t, sizeof...(A)> tensorOrdinals() {
-  constexpr bool is_tensor[] = {kShortTensor<A>...};
+  constexpr bool is_tensor[] = {kAliasSlot<A>...};
   std::array<size_t, sizeof...(A)> out{};
   size_t n = 0;
   for (size_t i = 0; i < sizeof...(A); ++i) {
@@ -336,6 +357,8 @@ struct SharedKernel<R(A...)> {
   C10_ALWAYS_INLINE static bool onFlagos(const std::remove_reference_t<T>& arg) {
     if constexpr (kShortTensor<T>) {
       return arg.defined() && arg.device().type() == c10::DeviceType::PrivateUse1;
+    } else if constexpr (kOptionalTensor<T>) { // absent, or a flagos tensor
+      return !arg.has_value() || !arg->defined() || arg->device().type() == c10::DeviceType::PrivateUse1;
     } else {
       return true;
     }
@@ -355,7 +378,7 @@ struct SharedKernel<R(A...)> {
       std::index_sequence<I...>,
       A... args) {
     constexpr auto kOrdinal = tensorOrdinals<A...>();
-    ShortAliases<(size_t{kShortTensor<A>} + ...)> aliases(pool);
+    ShortAliases<(size_t{kAliasSlot<A>} + ...)> aliases(pool);
     const c10::DeviceIndex index = 0; // single_device: flagos:0 is the only device
     (takeShort<A, kOrdinal[I]>(args, aliases, c.nativeDevice(index)), ...);
     auto call_native = [&]() -> R {
@@ -410,17 +433,31 @@ struct SharedKernel<R(A...)> {
       ShortAliases<N>& aliases,
       c10::Device native_device) {
     if constexpr (kShortTensor<T>) {
-      detail::Alias& a = aliases.entries[K];
-      a.pooled = detail::pooledAlias(aliases.pool, arg, native_device, &a.native_storage);
-      a.native = a.pooled.unsafeGetTensorImpl();
-      a.original = arg.unsafeGetTensorImpl();
+      takeAlias(arg, aliases.entries[K], aliases.pool, native_device);
+    } else if constexpr (kOptionalTensor<T>) {
+      if (arg.has_value() && arg->defined()) { // else the entry stays empty
+        takeAlias(*arg, aliases.entries[K], aliases.pool, native_device);
+      }
     }
   }
 
+  C10_ALWAYS_INLINE static void takeAlias(
+      const at::Tensor& t,
+      detail::Alias& a,
+      detail::AliasPool* pool,
+      c10::Device native_device) {
+    a.pooled = detail::pooledAlias(pool, t, native_device, &a.native_storage);
+    a.native = a.pooled.unsafeGetTensorImpl();
+    a.original = t.unsafeGetTensorImpl();
+  }
+
   template <class T, size_t K, size_t N>
-  C10_ALWAYS_INLINE static T passShort(std::remove_reference_t<T>& arg, ShortAliases<N>& aliases) {
+  C10_ALWAYS_INLINE static typename ShortPass<T>::type passShort(std::remove_reference_t<T>& arg, ShortAliases<N>& aliases) {
     if constexpr (kShortTensor<T>) {
       return aliases.entries[K].pooled;
+    } else if constexpr (kOptionalTensor<T>) {
+      const at::Tensor& alias = aliases.entries[K].pooled;
+      return alias.defined() ? std::optional<at::Tensor>(alias) : arg;
     } else {
       return static_cast<T>(arg);
     }
