@@ -171,16 +171,21 @@ def test_forward_mode_gradients_decompose_and_equal_the_native_devices():
         torch.testing.assert_close(tangent.cpu(), native_tangent.cpu())
 
 
-def test_inference_mode_decomposes_with_the_same_results():
-    # Inference mode skips the autograd keys, where the whole kernels are
-    # registered: PyTorch's composite kernel runs, as before.
+@pytest.mark.parametrize("name", list(CALLS))
+def test_inference_mode_runs_whole_with_the_same_results(name):
+    # Inference mode skips the autograd keys and reaches the kernels'
+    # PrivateUse1 registration, with inference tensors too.
+    overload, call = CALLS[name]
     t = make_inputs("flagos")
     with torch.no_grad():
-        whole = F.linear(t["x"], t["w"], t["b"])
+        whole = call(t)
     with torch.inference_mode():
-        out, counts = traced_ops(F.linear, t["x"], t["w"], t["b"])
-    assert ("linear", PROVIDER) not in counts
+        inference = make_inputs("flagos")
+        out, counts = traced_ops(call, t)
+        out_of_inference_tensors, _ = traced_ops(call, inference)
+    assert set(counts) == {(overload, PROVIDER)}
     assert torch.equal(out.cpu(), whole.cpu())
+    assert torch.equal(out_of_inference_tensors.cpu(), whole.cpu())
 
 
 def test_conjugate_views_decompose():

@@ -174,10 +174,15 @@ def render_whole(entries):
             "};",
             "",
         ]
-    lines += ["} // namespace", "", "TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {"]
-    for slot, overload, op, _, _ in entries:
-        lines.append(f'  flagos::typed::registerWhole<at::_ops::{op}, {slot}, Decompose_{op}>(m, "{overload}");')
-    lines += ["}", ""]
+    lines.append("} // namespace")
+    # AutogradPrivateUse1, and PrivateUse1 for calls that skip the autograd
+    # keys (inference mode): the same kernel, which decides per call.
+    for key in ("AutogradPrivateUse1", "PrivateUse1"):
+        lines += ["", f"TORCH_LIBRARY_IMPL(aten, {key}, m) {{"]
+        for slot, overload, op, _, _ in entries:
+            lines.append(f'  flagos::typed::registerWhole<at::_ops::{op}, {slot}, Decompose_{op}>(m, "{overload}");')
+        lines.append("}")
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -15,7 +15,8 @@
 // forward-mode gradient), with tensors that are not plain flagos tensors
 // (FakeTensor, functionalization, conjugate views, other devices), or while
 // a route might be bypassed (detail::wholeCallsOn), the op decomposes on
-// flagos as before: its composite kernel, called directly.
+// flagos as before: its composite kernel, called directly. The kernel is
+// registered for PrivateUse1 too, which inference mode reaches directly.
 
 #include "core/TypedKernel.h"
 
@@ -108,14 +109,20 @@ struct WholeKernel<Op, Slot, Decompose, R(A...)> {
   }
 };
 
-// Registers `Op`'s whole kernel for routing slot `Slot`, for
-// AutogradPrivateUse1; `Decompose` calls the op's composite kernel.
+// Registers `Op`'s whole kernel for routing slot `Slot` with `m`'s key
+// (AutogradPrivateUse1, and PrivateUse1 for calls that skip the autograd
+// keys, as in inference mode); `Decompose` calls the op's composite kernel.
 template <class Op, size_t Slot, class Decompose>
 void registerWhole(torch::Library& m, const char* overload) {
   using K = typename WholeKernel<Op, Slot, Decompose>::Routed;
-  auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name).template typed<typename Op::schema>();
-  const uint64_t written = detail::writtenArguments(handle.schema());
-  new (K::storage) typename K::Overload{std::move(handle), detail::providerBoxedKernel(Slot), written}; // never destroyed: kernels may run at exit
+  static const bool made = [] { // once for both keys
+    auto handle =
+        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name).template typed<typename Op::schema>();
+    const uint64_t written = detail::writtenArguments(handle.schema());
+    new (K::storage) typename K::Overload{std::move(handle), detail::providerBoxedKernel(Slot), written}; // never destroyed: kernels may run at exit
+    return true;
+  }();
+  (void)made;
   m.impl(overload, torch::CppFunction::makeFromUnboxedFunction(TORCH_FN((WholeKernel<Op, Slot, Decompose>::call))));
 }
 
