@@ -139,17 +139,19 @@ def main(argv=None):
         per_token = {d: spent[d] / args.tokens * 1e3 for d in models}
         decomposed = ""
         if args.decomposed:
-            decomposed_ratios.append(spent[sides[0]] / spent[DECOMPOSED])
-            decomposed = f", decomposed {per_token[DECOMPOSED]:.3f} ms/token (ratio {decomposed_ratios[-1]:.3f})"
+            decomposed_ratio = spent[sides[0]] / spent[DECOMPOSED]
+            decomposed = f", decomposed {per_token[DECOMPOSED]:.3f} ms/token (ratio {decomposed_ratio:.3f})"
         print(f"round {r}{' (warm-up)' if r == 0 else ''}: native {per_token[sides[0]]:.3f} ms/token, "
               f"flagos {per_token[sides[1]]:.3f} ms/token{decomposed}, ratio {ratio:.3f}")
         if r > 0:
             ratios.append(ratio)
+            if args.decomposed:
+                decomposed_ratios.append(decomposed_ratio)
     print(f"median ratio (flagos speed / native): {statistics.median(ratios):.3f} over {len(ratios)} rounds; "
           f"tokens {'equal' if same else 'NOT equal'}")
     if args.decomposed:
         print(f"median ratio with composite ops decomposed (flagos speed / native): "
-              f"{statistics.median(decomposed_ratios[1:]):.3f}")
+              f"{statistics.median(decomposed_ratios):.3f}")
     if counters is not None:
         print_counters(counters, counted, sides, args.tokens * (args.rounds - 1))
     return 0

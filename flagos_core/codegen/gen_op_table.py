@@ -17,7 +17,7 @@ when their C++ signature allows it; the rest are served boxed. Typed kernels
 are spread over --shards files so the build compiles them in parallel.
 
 The functional overloads of the purely composite ops listed in whole_ops.txt
-get a row too, marked `whole`, and a kernel for AutogradPrivateUse1
+get a row too and a typed kernel for AutogradPrivateUse1 and PrivateUse1
 (core/WholeKernel.h, WholeKernels.cpp): without autograd the op runs whole on
 the native device, its decomposition there; with autograd it decomposes on
 flagos as any composite op does.
@@ -90,8 +90,7 @@ def whole_overloads(parsed, routable):
     """(function, decomposition function) for the functional overloads of
     whole_ops.txt's ops that PyTorch decomposes for every device (`routable`:
     the names of those with a backend kernel)."""
-    with open(os.path.join(HERE, "whole_ops.txt")) as listing:
-        wanted = {line.split("#")[0].strip() for line in listing} - {""}
+    wanted = listed_names("whole_ops.txt")
     for f in parsed.native_functions:
         if (
             f.root_name in wanted
@@ -110,7 +109,12 @@ def typed_names(choice):
         return None
     if choice == "none":
         return set()
-    with open(os.path.join(HERE, "typed_ops.txt")) as listing:
+    return listed_names("typed_ops.txt")
+
+
+def listed_names(file_name):
+    """The names in one of codegen's listings (a name per line, # comments)."""
+    with open(os.path.join(HERE, file_name)) as listing:
         return {line.split("#")[0].strip() for line in listing} - {""}
 
 
@@ -123,8 +127,8 @@ def render_table(rows):
         "",
         "const OpTableRow kOpTable[] = {",
     ]
-    for name, exact_device, typed, whole in rows:
-        lines.append(f'    {{"{name}", {str(exact_device).lower()}, {str(typed).lower()}, {str(whole).lower()}}},')
+    for name, exact_device, typed in rows:
+        lines.append(f'    {{"{name}", {str(exact_device).lower()}, {str(typed).lower()}}},')
     lines += [
         "};",
         "",
@@ -209,12 +213,12 @@ def main():
         is_typed = (wanted is None or f.root_name in wanted or str(f.func.name.name) in wanted) and typed_signature_ok(f)
         if is_typed:
             typed.append((len(rows), name, f.func.name.unambiguous_name(), f.root_name))
-        rows.append((name, exact_device, is_typed, False))
+        rows.append((name, exact_device, is_typed))
     routable_names = {str(f.func.name) for f, _ in routable}
     for f, decomposition in sorted(whole_overloads(parsed, routable_names), key=lambda e: str(e[0].func.name)):
         name = str(f.func.name)
         whole.append((len(rows), name, f.func.name.unambiguous_name(), f.root_name, decomposition))
-        rows.append((name, f.device_check == DeviceCheckType.ExactSame, True, True))
+        rows.append((name, f.device_check == DeviceCheckType.ExactSame, True))
     write_if_changed(os.path.join(args.outdir, "OpTable.cpp"), render_table(rows))
     for shard in range(args.shards):
         text = render_typed(typed[shard :: args.shards])

@@ -8,10 +8,9 @@ namespace flagos::generated {
 struct OpTableRow {
   const char* overload; // "add.Tensor", "view" (no overload name)
   bool exact_device; // native_functions.yaml device_check: ExactSame
-  bool typed; // served by a generated typed kernel (TypedKernels*.cpp, WholeKernels.cpp)
-  // A composite op run whole on the native device when no autograd is
-  // needed (WholeKernels.cpp, registered for AutogradPrivateUse1 only).
-  bool whole;
+  // Served by a generated typed kernel: TypedKernels*.cpp, or for a
+  // composite op run whole on the native device, WholeKernels.cpp.
+  bool typed;
 };
 
 extern const OpTableRow kOpTable[];

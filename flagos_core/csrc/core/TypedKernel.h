@@ -518,6 +518,15 @@ struct Kernel<Op, Slot, R(A...)> {
     return *std::launder(reinterpret_cast<const Overload*>(storage));
   }
 
+  // Makes the overload's record in place, at registration, before any call
+  // can reach the kernel; never destroyed: kernels may run at exit.
+  static void makeOverload() {
+    auto handle =
+        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name).template typed<typename Op::schema>();
+    const uint64_t written = detail::writtenArguments(handle.schema());
+    new (storage) Overload{std::move(handle), detail::providerBoxedKernel(Slot), written};
+  }
+
   static R call(c10::DispatchKeySet keys, A... args) {
     if constexpr (DirectView<Op>::kAvailable) {
       // A view calls its own function: the shared body inlined with it here.
@@ -531,10 +540,7 @@ struct Kernel<Op, Slot, R(A...)> {
 // Registers the typed kernel of `Op` for routing slot `Slot`.
 template <class Op, size_t Slot>
 void registerTyped(torch::Library& m, const char* overload) {
-  using K = Kernel<Op, Slot>;
-  auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name).template typed<typename Op::schema>();
-  const uint64_t written = detail::writtenArguments(handle.schema());
-  new (K::storage) typename K::Overload{std::move(handle), detail::providerBoxedKernel(Slot), written}; // never destroyed: kernels may run at exit
+  Kernel<Op, Slot>::makeOverload();
   m.impl(overload, torch::CppFunction::makeFromUnboxedFunction(TORCH_FN((Kernel<Op, Slot>::call))));
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 
 // Composite ops run whole on the native device (codegen/whole_ops.txt,
-// registered for AutogradPrivateUse1 by the generated WholeKernels.cpp).
+// registered for AutogradPrivateUse1 and PrivateUse1 by the generated
+// WholeKernels.cpp).
 //
 // PyTorch decomposes a composite op such as linear on every device: on
 // flagos that made each op of the decomposition a flagos call of its own
@@ -15,8 +16,8 @@
 // forward-mode gradient), with tensors that are not plain flagos tensors
 // (FakeTensor, functionalization, conjugate views, other devices), or while
 // a route might be bypassed (detail::wholeCallsOn), the op decomposes on
-// flagos as before: its composite kernel, called directly. The kernel is
-// registered for PrivateUse1 too, which inference mode reaches directly.
+// flagos as before: its composite kernel, called directly. Inference mode
+// skips the autograd keys and reaches the PrivateUse1 registration.
 
 #include "core/TypedKernel.h"
 
@@ -114,12 +115,8 @@ struct WholeKernel<Op, Slot, Decompose, R(A...)> {
 // keys, as in inference mode); `Decompose` calls the op's composite kernel.
 template <class Op, size_t Slot, class Decompose>
 void registerWhole(torch::Library& m, const char* overload) {
-  using K = typename WholeKernel<Op, Slot, Decompose>::Routed;
   static const bool made = [] { // once for both keys
-    auto handle =
-        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name).template typed<typename Op::schema>();
-    const uint64_t written = detail::writtenArguments(handle.schema());
-    new (K::storage) typename K::Overload{std::move(handle), detail::providerBoxedKernel(Slot), written}; // never destroyed: kernels may run at exit
+    WholeKernel<Op, Slot, Decompose>::Routed::makeOverload();
     return true;
   }();
   (void)made;
