@@ -1,0 +1,157 @@
+// Composite ops that choose their kernel by the tensor's device type take the
+// native device's choice on flagos.
+//
+// PyTorch's batch_norm (through _batch_norm_impl_index, which instance_norm
+// calls too) and grid_sampler take cuDNN's kernels only for tensors whose
+// device is CUDA. For a flagos tensor they took the other branch, CUDA's own
+// kernels, whose results are a rounding step away from native CUDA's. Here
+// flagos asks PyTorch's own selection about a native alias of the input, and
+// where the native device would take cuDNN, calls that kernel on the flagos
+// tensors through the dispatcher: autograd records it as natively (its
+// backward is cuDNN's too), and routes apply as to any call. Otherwise the
+// composite runs as before. On the host runtime (native device CPU) the
+// selection never picks cuDNN, so nothing changes there.
+
+#include <flagos/Relabel.h>
+
+#include "core/RouterInternal.h"
+
+#include <ATen/ATen.h>
+#include <ATen/native/GridSamplerUtils.h>
+#include <ATen/native/Normalization.h>
+#include <ATen/ops/_batch_norm_impl_index_compositeimplicitautograd_dispatch.h>
+#include <ATen/ops/grid_sampler_compositeimplicitautograd_dispatch.h>
+#include <c10/core/DispatchKeySet.h>
+#include <torch/library.h>
+
+#include <initializer_list>
+#include <optional>
+#include <tuple>
+
+namespace flagos {
+namespace {
+
+// Whether the call may take the native device's choice: the active runtime
+// relabels for a native device, and every tensor is a plain flagos tensor or
+// none. A tensor with any other key (functionalization, a Python subclass,
+// a conjugate view) takes the composite, as on the native device it would
+// reach the composite through that key.
+bool choosesNatively(std::initializer_list<const at::Tensor*> tensors) {
+  static const c10::DispatchKeySet plain = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) |
+      c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::PrivateUse1Bit) |
+      c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::PrivateUse1Bit);
+  if (detail::defaultRelabelProvider() == nullptr) {
+    return false;
+  }
+  for (const at::Tensor* t : tensors) {
+    if (t->defined() && !plain.isSupersetOf(t->key_set())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+const at::Tensor& orUndefined(const std::optional<at::Tensor>& t) {
+  static const at::Tensor kUndefined;
+  return t.has_value() ? *t : kUndefined;
+}
+
+// The composite's argument checks, which come before its choice: where one
+// fails, the composite runs and raises its own error.
+bool batchNormArgumentsValid(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const at::Tensor& bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var,
+    bool training) {
+  if (input.dim() < 2 || input.sym_numel() == 0) {
+    return false;
+  }
+  const c10::SymInt features = input.sym_size(1);
+  for (const at::Tensor* t : {&weight, &bias, &running_mean, &running_var}) {
+    if (t->defined() && t->sym_numel() != features) {
+      return false;
+    }
+  }
+  return training || (running_mean.defined() && running_var.defined());
+}
+
+using BatchNormResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t>;
+
+BatchNormResult batchNormImplIndex(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight_opt,
+    const std::optional<at::Tensor>& bias_opt,
+    const std::optional<at::Tensor>& running_mean_opt,
+    const std::optional<at::Tensor>& running_var_opt,
+    bool training,
+    double momentum,
+    double eps,
+    bool cudnn_enabled) {
+  const at::Tensor& weight = orUndefined(weight_opt);
+  const at::Tensor& bias = orUndefined(bias_opt);
+  const at::Tensor& running_mean = orUndefined(running_mean_opt);
+  const at::Tensor& running_var = orUndefined(running_var_opt);
+  if (choosesNatively({&input, &weight, &bias, &running_mean, &running_var}) &&
+      batchNormArgumentsValid(input, weight, bias, running_mean, running_var, training)) {
+    at::native::BatchNormBackend backend;
+    {
+      // The selection reads the input's device; the other tensors' dtypes
+      // and presence only.
+      const ScopedNativeAlias native_input(input);
+      backend = at::native::_select_batch_norm_backend(
+          native_input.get(), weight, bias, running_mean, running_var, training, eps);
+    }
+    if (backend == at::native::BatchNormBackend::Cudnn) {
+      // The composite's cuDNN branch: the layouts cuDNN takes, index 1.
+      auto [output, save_mean, save_var, reserve] = at::cudnn_batch_norm(
+          input.contiguous(input.suggest_memory_format()), weight.contiguous(), bias.contiguous(),
+          running_mean.defined() ? running_mean.contiguous() : running_mean,
+          running_var.defined() ? running_var.contiguous() : running_var, training, momentum, eps);
+      return BatchNormResult(std::move(output), std::move(save_mean), std::move(save_var), std::move(reserve), 1);
+    }
+    // MIOpen (a ROCm native device) is not taken here: no flagos runtime has
+    // one yet, so the composite's branch for it would go untested.
+  }
+  return at::compositeimplicitautograd::_batch_norm_impl_index(
+      input, weight_opt, bias_opt, running_mean_opt, running_var_opt, training, momentum, eps, cudnn_enabled);
+}
+
+at::Tensor gridSampler(
+    const at::Tensor& input,
+    const at::Tensor& grid,
+    int64_t interpolation_mode,
+    int64_t padding_mode,
+    bool align_corners) {
+  using at::native::GridSamplerInterpolation;
+  using at::native::GridSamplerPadding;
+  if (static_cast<GridSamplerInterpolation>(interpolation_mode) == GridSamplerInterpolation::Bilinear &&
+      static_cast<GridSamplerPadding>(padding_mode) == GridSamplerPadding::Zeros && align_corners &&
+      choosesNatively({&input, &grid})) {
+    bool cudnn = false;
+    {
+      const ScopedNativeAlias native_input(input);
+      const ScopedNativeAlias native_grid(grid);
+      cudnn = at::native::cond_cudnn_grid_sampler(native_input.get(), native_grid.get());
+    }
+    if (cudnn) {
+      return at::cudnn_grid_sampler(input, grid);
+    }
+  }
+  return at::compositeimplicitautograd::grid_sampler(input, grid, interpolation_mode, padding_mode, align_corners);
+}
+
+} // namespace
+} // namespace flagos
+
+// Both keys: the autograd one outside inference mode, the backend one inside
+// (and below autograd); the chosen kernel's own call records autograd.
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("_batch_norm_impl_index", TORCH_FN(flagos::batchNormImplIndex));
+  m.impl("grid_sampler", TORCH_FN(flagos::gridSampler));
+}
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_batch_norm_impl_index", TORCH_FN(flagos::batchNormImplIndex));
+  m.impl("grid_sampler", TORCH_FN(flagos::gridSampler));
+}

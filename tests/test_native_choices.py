@@ -1,0 +1,109 @@
+"""Composite ops that choose their kernel by the tensor's device type take
+the native device's choice on flagos (core/NativeChoices.cpp): batch_norm
+(and instance_norm, which calls it) and grid_sampler take cuDNN where native
+CUDA does, so outputs, gradients and running statistics equal the native
+device's bitwise, and the trace shows the native device's kernels."""
+
+import pytest
+import torch
+
+import flagos_core
+from native_reference import assert_matches_native, native_device, results_on_native
+
+pytestmark = pytest.mark.native
+
+
+def _cudnn_expected():
+    # The native device takes cuDNN for these where it is CUDA with cuDNN on.
+    return native_device().type == "cuda" and torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled
+
+
+def _normalisation(device, training=True):
+    # Self-contained: on an accelerator it runs in a side process. cuDNN's
+    # deterministic convolutions on both sides (its default backward ones sum
+    # in varying order); outputs, gradients, then running statistics.
+    deterministic, torch.backends.cudnn.deterministic = torch.backends.cudnn.deterministic, True
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+            torch.nn.InstanceNorm2d(4, affine=True, track_running_stats=True), torch.nn.Conv2d(4, 2, 1),
+            torch.nn.Flatten(), torch.nn.BatchNorm1d(72))
+        model = model.to(device).train(training)
+        x = torch.randn(6, 3, 8, 8).to(device)
+        results = []
+        for _ in range(2):
+            out = model(x)
+            if training:
+                out.square().sum().backward()
+            results.append(out.detach())
+        results += [p.grad for p in model.parameters()] if training else []
+        return results + list(model.buffers())  # running statistics and batch counts
+    finally:
+        torch.backends.cudnn.deterministic = deterministic
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "eval"])
+def test_batch_norm_and_instance_norm_equal_the_native_device(tmp_path, training):
+    native = results_on_native(_normalisation, native_device(), tmp_path, training=training)
+    with flagos_core.trace() as t:
+        flagos = _normalisation(torch.device("flagos"), training=training)
+    assert t.fallbacks == []
+    assert_matches_native(flagos, native)
+    calls = {op: n for (op, _), n in t.counts.items()}
+    # Per forward: BatchNorm2d and InstanceNorm2d, whose 4-D inputs cuDNN
+    # takes on CUDA, and BatchNorm1d, whose 2-D input it does not take there
+    # either (PyTorch's selection asks for 3 dimensions or more).
+    if _cudnn_expected():
+        assert calls.get("cudnn_batch_norm") == 4 and calls.get("native_batch_norm") == 2
+        assert calls.get("cudnn_batch_norm_backward", 0) == (4 if training else 0)
+    else:
+        assert calls.get("native_batch_norm") == 6 and "cudnn_batch_norm" not in calls
+
+
+def _grid_sample(device):
+    torch.manual_seed(1)
+    outputs, gradients = [], []
+    for align_corners in (True, False):
+        inp = torch.randn(2, 3, 8, 8).to(device).requires_grad_()
+        grid = (torch.rand(2, 5, 6, 2) * 2 - 1).to(device).requires_grad_()
+        out = torch.nn.functional.grid_sample(inp, grid, align_corners=align_corners)
+        out.square().sum().backward()
+        outputs.append(out.detach())
+        gradients += [inp.grad, grid.grad]
+    return outputs + gradients
+
+
+def test_grid_sample_equals_the_native_device(tmp_path):
+    native = results_on_native(_grid_sample, native_device(), tmp_path)
+    with flagos_core.trace() as t:
+        flagos = _grid_sample(torch.device("flagos"))
+    assert t.fallbacks == []
+    assert_matches_native(flagos[:2], native[:2])  # the outputs: bitwise
+    # The gradients to rounding: CUDA's sampler backward adds into the input
+    # gradient with atomics, in an order that varies from run to run.
+    assert_matches_native(flagos[2:], native[2:], rtol=1e-5, atol=1e-6)
+    ops = {op for (op, _) in t.counts}
+    # cuDNN's sampler serves bilinear, zero padding and align_corners=True only.
+    assert ("cudnn_grid_sampler" in ops) == _cudnn_expected()
+    assert "grid_sampler_2d" in ops
+
+
+def test_the_choice_follows_the_native_switch():
+    # With cuDNN switched off the native device takes its own kernels, and so
+    # does flagos (the selection reads the same switch).
+    x = torch.randn(4, 3, 5, 5, device="flagos")
+    bn = torch.nn.BatchNorm2d(3).to("flagos")
+    with torch.backends.cudnn.flags(enabled=False), flagos_core.trace() as t:
+        bn(x)
+    ops = {op for (op, _) in t.counts}
+    assert "native_batch_norm" in ops and "cudnn_batch_norm" not in ops
+
+
+def test_invalid_arguments_raise_the_composite_error():
+    # The argument checks come before the choice: the message is PyTorch's own.
+    x = torch.randn(4, 3, 5, 5, device="flagos")
+    with pytest.raises(RuntimeError, match="running_mean should contain 3 elements not 5"):
+        torch.nn.functional.batch_norm(x, torch.zeros(5, device="flagos"), torch.ones(5, device="flagos"))
+    with pytest.raises(RuntimeError, match="running_mean must be defined in evaluation mode"):
+        torch.batch_norm(x, None, None, None, None, False, 0.1, 1e-5, True)
