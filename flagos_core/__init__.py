@@ -27,7 +27,7 @@ from . import _distributed  # noqa: E402
 from . import _multiprocessing  # noqa: E402
 from ._conf import ConfError, load_conf  # noqa: E402
 
-__version__ = "0.1.3"
+__version__ = "0.1.4"
 __all__ = [
     "runtime", "plugins", "providers", "route", "route_layer", "set_route", "clear_route", "routes", "trace",
     "set_whole_ops", "whole_ops",

@@ -1,14 +1,15 @@
-"""`nn.LSTM` and `nn.GRU` on the host runtime take CPU's own paths.
+"""`nn.LSTM`, `nn.GRU` and `nn.RNN` on the host runtime take CPU's own paths.
 
-PyTorch decomposes `lstm` and `gru` by the input's device. For a CPU tensor,
+PyTorch decomposes `lstm`, `gru`, `rnn_tanh` and `rnn_relu` by the input's
+device. For a CPU tensor,
 `lstm` runs each layer and direction as one oneDNN kernel
 (`mkldnn_rnn_layer`, with its own backward) where oneDNN takes it (float32,
 no projections); otherwise, and for `gru`, it computes each layer's input
 gates for all steps in one matrix product, then runs an unfused cell per
-step. For any other device both go step by step through fused cells, which
+step (`rnn_tanh` and `rnn_relu` likewise). For any other device both go step by step through fused cells, which
 only CUDA has (on the host runtime the composite provider's cells serve
 them, at about half of CPU's speed). On the host runtime the kernels are
-CPU's, so flagos's `lstm` and `gru` take CPU's decompositions, under the
+CPU's, so flagos's recurrent layers take CPU's decompositions, under the
 same conditions and with the same ops in the same order (the unfused cells'
 step loop in C++, csrc/python/RecurrentSteps.cpp), and give the same
 results bit for bit. Packed sequences (other overloads) and tensors on
@@ -105,6 +106,23 @@ def _gru_layer(layer_input, state, weights, reverse):
     return output, (hidden,)
 
 
+def _simple_layer(nonlinearity):
+    # CPU's FullLayer with its simple cell: the input terms of every step in
+    # one linear, then per step nonlinearity(linear(h, w_hh, b_hh) + input
+    # term), the reversed direction over the steps in reverse.
+    def run(layer_input, state, weights, reverse):
+        w_ih, w_hh, b_ih, b_hh, _ = weights
+        steps = F.linear(layer_input, w_ih, b_ih).unbind(0)
+        hidden, outputs = state[0], []
+        for step in (reversed(steps) if reverse else steps):
+            hidden = nonlinearity(F.linear(hidden, w_hh, b_hh).add_(step))
+            outputs.append(hidden)
+        if reverse:
+            outputs.reverse()
+        return torch.stack(outputs, 0), (hidden,)
+    return run
+
+
 def _pytorchs_decomposition(op, *args):
     # PyTorch's C++ decomposition, as without these kernels (OpOverload.decompose
     # would take torch._decomp's Python one, which runs other cells).
@@ -159,12 +177,27 @@ def _gru(input, hx, params, has_biases, num_layers, dropout, train, bidirectiona
     return output, hy
 
 
+def _one_hidden(op, run_layer):
+    @_not_traced
+    def kernel(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+        if not _on_one_device(input, (hx,), params):
+            return _pytorchs_decomposition(op, input, hx, params, has_biases, num_layers, dropout, train,
+                                           bidirectional, batch_first)
+        output, (hy,) = _stacked(input, (hx.unbind(0),), params, has_biases, num_layers, dropout, train,
+                                 bidirectional, batch_first, run_layer)
+        return output, hy
+    return kernel
+
+
 def register():
     """Once, when the host runtime is activated."""
     global _LIBRARY
     if _LIBRARY is None:
         library = torch.library.Library("aten", "IMPL")
-        for name, kernel in (("lstm.input", _lstm), ("gru.input", _gru)):
+        kernels = (("lstm.input", _lstm), ("gru.input", _gru),
+                   ("rnn_tanh.input", _one_hidden(torch.ops.aten.rnn_tanh.input, _simple_layer(torch.tanh))),
+                   ("rnn_relu.input", _one_hidden(torch.ops.aten.rnn_relu.input, _simple_layer(torch.relu))))
+        for name, kernel in kernels:
             for key in ("AutogradPrivateUse1", "PrivateUse1"):
                 library.impl(name, kernel, key)
         _LIBRARY = library
