@@ -33,10 +33,11 @@ def flagos_runtimes():
 
 
 def _activate_host_runtime():
-    from . import _host_rnn
+    from . import _host_norms, _host_rnn
 
     _C._activate_host_runtime(_host_device_count())
     _host_rnn.register()
+    _host_norms.register()
 
 
 @hookimpl

@@ -24,10 +24,7 @@ from opinfo_sweep import DEVICE, _copy_sample, _first_line, _strided_only, _tens
 SAMPLES_PER_OP = 2
 
 # Ops whose gradients differ from CPU's by design, and why.
-KNOWN_DIFFERENCES = {
-    "nn.functional.rms_norm": "CPU differentiates rms_norm's decomposition; flagos runs the fused backward "
-                              "(the composite provider), as CUDA does",
-}
+KNOWN_DIFFERENCES = {}  # none known since rms_norm decomposes as on the CPU (_host_norms.py)
 
 
 def _gradients(outputs, wrt):
