@@ -17,15 +17,14 @@ import warnings
 
 import torch
 
-from ._host_rnn import _not_traced
+from ._host_rnn import _not_traced, _pytorchs_decomposition
 
 _LIBRARY = None
 
 
 @_not_traced
 def _fused_rms_norm(input, normalized_shape, weight, eps):
-    return torch.ops.aten._fused_rms_norm.default._op_dk(
-        torch._C.DispatchKey.CompositeImplicitAutograd, input, normalized_shape, weight, eps)
+    return _pytorchs_decomposition(torch.ops.aten._fused_rms_norm.default, input, normalized_shape, weight, eps)
 
 
 def register():

@@ -37,9 +37,7 @@ namespace {
 // a conjugate view) takes the composite, as on the native device it would
 // reach the composite through that key.
 bool choosesNatively(std::initializer_list<const at::Tensor*> tensors) {
-  static const c10::DispatchKeySet plain = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) |
-      c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::PrivateUse1Bit) |
-      c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::PrivateUse1Bit);
+  const c10::DispatchKeySet plain = plainFlagosKeys();
   if (detail::defaultRelabelProvider() == nullptr) {
     return false;
   }

@@ -31,15 +31,6 @@ namespace flagos::typed {
 
 namespace whole {
 
-// The keys of a plain flagos tensor (dense, on flagos, no Python subclass,
-// no conjugate or negative bit): a tensor with any other key decomposes.
-inline c10::DispatchKeySet plainKeys() {
-  static const c10::DispatchKeySet keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) |
-      c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::PrivateUse1Bit) |
-      c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::PrivateUse1Bit);
-  return keys;
-}
-
 // Whether `t` lets the call run whole: a plain flagos tensor (or none) that
 // needs no autograd.
 inline bool plainTensor(const at::Tensor& t, bool grad_mode, c10::DispatchKeySet plain) {
@@ -101,7 +92,7 @@ struct WholeKernel<Op, Slot, Decompose, R(A...)> {
 
   static R call(c10::DispatchKeySet keys, A... args) {
     const bool grad_mode = c10::GradMode::is_enabled();
-    const c10::DispatchKeySet plain = whole::plainKeys();
+    const c10::DispatchKeySet plain = plainFlagosKeys();
     if ((whole::plainArgument<A>(args, grad_mode, plain) && ...) && whole::Condition<Op>::holds(args...) &&
         detail::wholeCallsOn()) {
       return Routed::call(keys, std::forward<A>(args)...);

@@ -42,10 +42,7 @@ namespace {
 enum class Mode : int64_t { kRelu = 0, kTanh = 1, kLstm = 2, kGru = 3 };
 
 bool plainFlagos(const at::Tensor& t) {
-  static const c10::DispatchKeySet plain = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) |
-      c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::PrivateUse1Bit) |
-      c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::PrivateUse1Bit);
-  return t.defined() && plain.isSupersetOf(t.key_set());
+  return t.defined() && plainFlagosKeys().isSupersetOf(t.key_set());
 }
 
 // Whether native CUDA would take cuDNN for this call (PyTorch's check, asked

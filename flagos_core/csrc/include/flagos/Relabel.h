@@ -10,6 +10,17 @@
 
 namespace flagos {
 
+// The keys of a plain flagos tensor: dense, on flagos, with no Python
+// subclass (FakeTensor), functionalization, conjugate or negative bit. Only
+// such tensors may be relabelled wholesale; the core's whole calls and the
+// kernels that take the native device's choice leave others to the composite.
+inline c10::DispatchKeySet plainFlagosKeys() {
+  static const c10::DispatchKeySet keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) |
+      c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::PrivateUse1Bit) |
+      c10::getAutocastRelatedKeySetFromBackend(c10::BackendComponent::PrivateUse1Bit);
+  return keys;
+}
+
 // A native-device alias of a flagos tensor (same StorageImpl, same geometry).
 FLAGOS_API at::Tensor toNative(const at::Tensor& flagos_tensor, c10::Device native);
 // toNative for a flagos tensor on its device's native device; any other
