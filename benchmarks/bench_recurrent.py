@@ -15,7 +15,8 @@ pinned to one CPU with one torch thread (as bench_host_overhead.py's
 default clock); on a GPU wall time around synchronised blocks, forward only:
 PyTorch cannot run a backward over native CUDA tensors in a process that
 loaded flagos (pytorch/pytorch#161129), and a fourth column times native
-CUDA with its weights unflattened, as flagos's are (docs/usage.md). Prints
+CUDA with its weights unflattened (what flagos's layers ran at before
+flatten_parameters() packed flagos weights too, docs/usage.md). Prints
 ms per call per side and the speed ratio native/side (1.0 is the native
 device's speed).
 """
@@ -52,8 +53,8 @@ def cases(native, with_backward):
                  ("decomposed", flagos_device, flagos, x_flagos, True)]
         if native.type == "cuda":
             # Native CUDA with its weights out of the one buffer that
-            # flatten_parameters() packs them into (as flagos's are): cuDNN
-            # packs them on every call.
+            # flatten_parameters() packs them into: cuDNN packs them on
+            # every call.
             unflattened = getattr(torch.nn, layer)(256, 256, num_layers=2).to(native)
             unflattened.load_state_dict(reference.state_dict())
             with torch.no_grad():

@@ -10,6 +10,7 @@ its results bitwise; the cells equal CUDA's bitwise, and CPU's to rounding
 ones)."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -48,6 +49,11 @@ def _run_layers(device, cases):
             out = out[0] if isinstance(out, tuple) else out
             out.square().sum().backward()
             results += [out.detach(), *(p.grad for p in module.parameters())]
+            # A step in place, then the updated weights read again.
+            torch.optim.SGD(module.parameters(), lr=0.1).step()
+            with torch.no_grad():
+                out = module(x.to(device))
+            results.append((out[0] if isinstance(out, tuple) else out).detach())
     finally:
         torch.backends.cudnn.allow_tf32 = tf32
     return results
@@ -58,7 +64,7 @@ def native_results(tmp_path_factory):
     made = results_on_native(_run_layers, native_device(), tmp_path_factory.mktemp("rnn"), cases=list(CASES.values()))
     per_case, start = {}, 0
     for case, (layer, kwargs) in CASES.items():
-        count = 1 + len(list(getattr(torch.nn, layer)(12, 16, **kwargs).parameters()))
+        count = 2 + len(list(getattr(torch.nn, layer)(12, 16, **kwargs).parameters()))
         per_case[case] = made[start:start + count]
         start += count
     assert start == len(made)
@@ -81,9 +87,30 @@ def test_recurrent_layers_match_the_native_device(case, native_results):
     else:
         assert_matches_native(flagos, native)
     if native_device().type == "cuda" and not layer.endswith("Cell"):
-        # cuDNN's RNN, as native CUDA runs it: one call, not one per step.
-        assert t.counts[("_cudnn_rnn", "cuda")] == 1
+        # cuDNN's RNN, as native CUDA runs it: one call per forward (two
+        # here, before and after the SGD step), not one per step.
+        assert t.counts[("_cudnn_rnn", "cuda")] == 2
         assert not any(op.startswith("_thnn_fused") for (op, _) in t.counts)
+
+
+def test_recurrent_layers_pack_their_weights_where_the_native_device_does():
+    # flatten_parameters() packs a layer's weights into one buffer for cuDNN
+    # (on CUDA; the CPU packs nothing): flagos's too, with the CUDA plugin.
+    torch.manual_seed(0)
+    layer = torch.nn.LSTM(12, 16, num_layers=2).to("flagos")
+    storages = {p.untyped_storage()._cdata for p in layer.parameters()}
+    assert len(storages) == (1 if native_device().type == "cuda" else len(list(layer.parameters())))
+    x = torch.randn(5, 3, 12, device="flagos")
+    with flagos_core.trace() as t:
+        packed = layer(x)[0]
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.data = p.data.clone()  # out of the buffer: cuDNN packs them on each call
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # PyTorch's advice to call flatten_parameters() is not passed on
+        unpacked = layer(x)[0]
+    assert torch.equal(packed.cpu(), unpacked.cpu())
+    assert t.fallbacks == []
 
 
 @pytest.mark.parametrize("layer", ["LSTM", "GRU", "RNN"])

@@ -21,6 +21,8 @@
 
 #include <flagos/Relabel.h>
 
+#include "CudnnRecurrent.h"
+
 #include <ATen/ATen.h>
 #include <ATen/ops/gru_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/lstm_compositeimplicitautograd_dispatch.h>
@@ -30,6 +32,8 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -94,6 +98,81 @@ struct Layers {
   bool bidirectional;
 };
 
+// A layer configuration as cuDNN's weight layout depends on it.
+struct LayerShape {
+  Mode mode;
+  int64_t input_size, hidden_size, proj_size, num_layers;
+  bool bidirectional, has_biases;
+  bool operator==(const LayerShape& o) const {
+    return mode == o.mode && input_size == o.input_size && hidden_size == o.hidden_size &&
+        proj_size == o.proj_size && num_layers == o.num_layers && bidirectional == o.bidirectional &&
+        has_biases == o.has_biases;
+  }
+};
+
+// One buffer flatten_parameters() packed: the storage (not kept alive), the
+// layer it was packed for, its length in elements, and each weight's place.
+struct FlatLayout {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  LayerShape shape;
+  int64_t numel;
+  std::vector<int64_t> offsets;
+  std::vector<std::vector<int64_t>> sizes, strides;
+};
+
+class FlatLayouts {
+ public:
+  void add(FlatLayout layout) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    layouts_.erase(
+        std::remove_if(
+            layouts_.begin(), layouts_.end(),
+            [&](const FlatLayout& l) {
+              return l.storage.expired() || l.storage._unsafe_get_target() == layout.storage._unsafe_get_target();
+            }),
+        layouts_.end());
+    layouts_.push_back(std::move(layout));
+  }
+
+  // The packed buffer `params` lie in as recorded for `shape`, or undefined.
+  at::Tensor bufferOf(at::TensorList params, const LayerShape& shape) {
+    if (params.empty() || !params[0].has_storage()) {
+      return {};
+    }
+    const c10::StorageImpl* storage = params[0].unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const FlatLayout& l : layouts_) {
+      if (l.storage._unsafe_get_target() != storage || l.storage.expired()) {
+        continue;
+      }
+      if (!(l.shape == shape) || l.offsets.size() != params.size()) {
+        return {};
+      }
+      for (size_t i = 0; i < params.size(); ++i) {
+        const at::Tensor& p = params[i];
+        if (!p.has_storage() || p.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() != storage ||
+            p.storage_offset() != l.offsets[i] || p.sizes() != c10::IntArrayRef(l.sizes[i]) ||
+            p.strides() != c10::IntArrayRef(l.strides[i])) {
+          return {};
+        }
+      }
+      // The whole buffer: a view of the weights' storage, outside autograd
+      // (_cudnn_rnn takes no gradient for it; the weights get theirs).
+      return params[0].detach().as_strided({l.numel}, {1}, 0);
+    }
+    return {};
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<FlatLayout> layouts_;
+};
+
+FlatLayouts& flatLayouts() {
+  static auto* layouts = new FlatLayouts(); // never destroyed: calls may run at exit
+  return *layouts;
+}
+
 // The native cuDNN branch's call: hidden states (h, and c for an LSTM), the
 // weights as the layer holds them (undefined buffer: _cudnn_rnn packs them),
 // no dropout state. Returns (output, hy, cy).
@@ -112,10 +191,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cudnnRnn(
     proj_size = hx.size(2);
   }
   const int64_t weights_per_layer = (l.has_biases ? 4 : 2) + (proj_size != 0 ? 1 : 0);
+  const at::Tensor buffer = flatLayouts().bufferOf(
+      l.params,
+      {mode, input.size(-1), hidden_size, proj_size, l.num_layers, l.bidirectional, l.has_biases});
   WithoutFlattenAdvice handler;
   const c10::WarningUtils::WarningHandlerGuard guard(&handler);
   auto out = at::_cudnn_rnn(
-      input, l.params, weights_per_layer, std::nullopt, hx,
+      input, l.params, weights_per_layer, buffer.defined() ? std::optional<at::Tensor>(buffer) : std::nullopt, hx,
       cx.defined() ? std::optional<at::Tensor>(cx) : std::nullopt, static_cast<int64_t>(mode), hidden_size, proj_size,
       l.num_layers, batch_first, l.dropout, l.train, l.bidirectional, batch_sizes, std::nullopt);
   return {std::move(std::get<0>(out)), std::move(std::get<1>(out)), std::move(std::get<2>(out))};
@@ -239,6 +321,36 @@ void registerRecurrent(torch::Library& m) {
 }
 
 } // namespace
+
+void registerFlatWeights(
+    const std::vector<at::Tensor>& weights,
+    int64_t numel,
+    int64_t mode,
+    int64_t input_size,
+    int64_t hidden_size,
+    int64_t proj_size,
+    int64_t num_layers,
+    bool bidirectional,
+    bool has_biases) {
+  TORCH_CHECK(!weights.empty() && weights[0].has_storage(), "flagos-cuda: no packed weights to record");
+  FlatLayout layout{
+      c10::weak_intrusive_ptr<c10::StorageImpl>(weights[0].storage().getWeakStorageImpl()),
+      {static_cast<Mode>(mode), input_size, hidden_size, proj_size, num_layers, bidirectional, has_biases},
+      numel,
+      {},
+      {},
+      {}};
+  for (const at::Tensor& w : weights) {
+    TORCH_CHECK(
+        w.has_storage() && w.storage().unsafeGetStorageImpl() == weights[0].storage().unsafeGetStorageImpl(),
+        "flagos-cuda: packed weights must share one buffer");
+    layout.offsets.push_back(w.storage_offset());
+    layout.sizes.push_back(w.sizes().vec());
+    layout.strides.push_back(w.strides().vec());
+  }
+  flatLayouts().add(std::move(layout));
+}
+
 } // namespace flagos::cuda
 
 // Both keys: the autograd one outside inference mode, the backend one inside;

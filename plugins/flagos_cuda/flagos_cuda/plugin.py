@@ -72,12 +72,13 @@ def flagos_extend_device_module(module, runtime):
         return
     import flagos_core
 
-    from . import graphs, jiterator, memory
+    from . import graphs, jiterator, memory, recurrent
 
     # flagos runs CUDA's kernels, so torch.autocast("flagos") casts by CUDA's
     # policy lists: the same dtypes, the same kernels, the same results.
     flagos_core.use_autocast_policies("cuda")
     jiterator.install()
+    recurrent.install()  # flatten_parameters() packs flagos weights for cuDNN too
     module.CUDAGraph = graphs.CUDAGraph
     module.graph = graphs.graph
     module.graph_pool_handle = graphs.graph_pool_handle
