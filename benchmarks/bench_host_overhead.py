@@ -74,6 +74,9 @@ def op_table(device, gpu=False):
     grads = [torch.randn(16, device=device) for _ in range(64)]
     table = {
         "add": lambda: torch.add(a, b),
+        # A Python number: the binding wraps it as a CPU scalar tensor (an
+        # RMSNorm's `variance + eps`).
+        "add scalar": lambda: a + 1e-6,
         "add_ in place": lambda: acc.add_(b),
         "mul": lambda: torch.mul(a, b),
         "view": lambda: a.view(4, 4),

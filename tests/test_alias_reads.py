@@ -13,7 +13,7 @@ import threading
 import pytest
 import torch
 
-import flagos_core  # noqa: F401
+import flagos_core
 
 
 def _pair(*shape, seed=0):
@@ -99,6 +99,26 @@ def test_in_place_and_out_calls_on_views_and_with_scalars_match_cpu():
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         dev.add_(other_cpu)
     _check(dev, cpu)  # the failed call changed nothing
+
+
+def test_python_numbers_in_calls_match_cpu():
+    # A Python number reaches the kernel as a wrapped CPU scalar tensor; the
+    # short path passes it on as it is, in functional and in-place calls.
+    cpu, dev = _pair(3, 5)
+    with flagos_core.trace() as t:
+        results = [dev + 1e-6, dev * 0.5, 2.0 - dev, dev / 3, torch.where(dev > 0, dev, 0.0), dev.pow(2)]
+        written = dev.clone()
+        written.mul_(0.25).add_(1, alpha=2)
+    expected = [cpu + 1e-6, cpu * 0.5, 2.0 - cpu, cpu / 3, torch.where(cpu > 0, cpu, 0.0), cpu.pow(2)]
+    for value, reference in zip(results, expected):
+        _check(value, reference)
+    _check(written, cpu.clone().mul_(0.25).add_(1, alpha=2))
+    assert t.fallbacks == []
+    # A 0-dim CPU tensor of the caller's is passed the same way and left as it was.
+    scalar = torch.tensor(1.5)
+    _check(dev + scalar, cpu + scalar)
+    _check(dev.clone().sub_(scalar), cpu.clone().sub_(scalar))
+    assert scalar.device.type == "cpu" and scalar.item() == 1.5
 
 
 def test_a_result_over_an_arguments_memory_views_the_argument():

@@ -193,7 +193,9 @@ struct Ret<std::tuple<T...>> {
 // arguments that are tensors or plain values (no lists), and either a tensor
 // result with every tensor argument read as it is (optional tensors too:
 // linear's bias, SDPA's mask), or (in-place, out=) one written tensor
-// argument, which is the result, and no optional tensors.
+// argument, which is the result, and no optional tensors. A read tensor may
+// be a Python number's wrapped CPU scalar (`x + 1e-6`, `x.mul_(0.5)`),
+// which goes to the native kernel as it is, as on the general path.
 template <class T>
 inline constexpr bool kReadTensor = std::is_same_v<T, const at::Tensor&>;
 template <class T>
@@ -247,8 +249,10 @@ constexpr std::array<size_t, sizeof...(A)> tensorOrdinals() {
 template <size_t N>
 struct ShortAliases {
   detail::AliasPool* pool;
-  detail::Alias entries[N]{};
+  detail::Alias entries[N]{}; // a wrapped scalar's stays empty
   bool shared = false; // some alias uses the written one's storage
+  size_t scalars = 0;
+  const c10::StorageImpl* scalar_storages[N]{}; // the wrapped scalars', never to be taken over
   explicit ShortAliases(detail::AliasPool* p) : pool(p) {}
   ShortAliases(const ShortAliases&) = delete;
   ShortAliases& operator=(const ShortAliases&) = delete;
@@ -342,7 +346,9 @@ struct SharedKernel<R(A...)> {
     if constexpr (kShortPathSignature<R, A...>) {
       // A tensor result: only where the schema writes no argument either.
       constexpr bool kWrites = std::is_same_v<R, at::Tensor&>;
-      if (C10_LIKELY(c.single_device && (kWrites || !sc.info.writes) && (onFlagos<A>(args) && ...))) {
+      bool scalars = false;
+      if (C10_LIKELY(c.single_device && (kWrites || !sc.info.writes) && (onFlagos<A>(args, scalars) && ...) &&
+                     (C10_LIKELY(!scalars) || (isFlagosTensor<A>(args) || ...)))) {
         if (detail::AliasPool* pool = detail::threadAliasPool(); C10_LIKELY(pool != nullptr)) {
           return shortCall(sc, c, pool, *provider, overload.native, std::index_sequence_for<A...>{}, args...);
         }
@@ -353,14 +359,37 @@ struct SharedKernel<R(A...)> {
   }
 
  private:
+  // Whether the short path takes `arg`: a flagos tensor, or for a read one
+  // also a wrapped scalar (setting `scalars`: the caller then checks that
+  // some tensor is a flagos one, so the call has a flagos device).
   template <class T>
-  C10_ALWAYS_INLINE static bool onFlagos(const std::remove_reference_t<T>& arg) {
+  C10_ALWAYS_INLINE static bool onFlagos(const std::remove_reference_t<T>& arg, bool& scalars) {
     if constexpr (kShortTensor<T>) {
-      return arg.defined() && arg.device().type() == c10::DeviceType::PrivateUse1;
+      if (C10_LIKELY(arg.defined() && arg.device().type() == c10::DeviceType::PrivateUse1)) {
+        return true;
+      }
+      if constexpr (kReadTensor<T>) {
+        if (arg.defined() && arg.unsafeGetTensorImpl()->is_wrapped_number()) {
+          scalars = true;
+          return true;
+        }
+      }
+      return false;
     } else if constexpr (kOptionalTensor<T>) { // absent, or a flagos tensor
       return !arg.has_value() || !arg->defined() || arg->device().type() == c10::DeviceType::PrivateUse1;
     } else {
       return true;
+    }
+  }
+
+  template <class T>
+  static bool isFlagosTensor(const std::remove_reference_t<T>& arg) {
+    if constexpr (kShortTensor<T>) {
+      return arg.device().type() == c10::DeviceType::PrivateUse1;
+    } else if constexpr (kOptionalTensor<T>) {
+      return arg.has_value() && arg->defined() && arg->device().type() == c10::DeviceType::PrivateUse1;
+    } else {
+      return false;
     }
   }
 
@@ -393,7 +422,8 @@ struct SharedKernel<R(A...)> {
         const c10::StorageImpl* written = aliases.entries[kOrdinal[kWritten]].original->unsafe_storage().unsafeGetStorageImpl();
         bool same = false;
         for (size_t i = 0; i < kTensors; ++i) {
-          same |= i != kOrdinal[kWritten] && aliases.entries[i].original->unsafe_storage().unsafeGetStorageImpl() == written;
+          same |= i != kOrdinal[kWritten] && aliases.entries[i].original != nullptr &&
+              aliases.entries[i].original->unsafe_storage().unsafeGetStorageImpl() == written;
         }
         if (C10_UNLIKELY(same)) {
           aliases.shared = detail::shareWithWritten(aliases.entries, kTensors, kOrdinal[kWritten]);
@@ -412,7 +442,9 @@ struct SharedKernel<R(A...)> {
       if (C10_LIKELY(detail::relabelIfSoleOwner(out, index))) {
         return out;
       }
-      return detail::adoptSharedResult(std::move(out), index, aliases.entries, {}, *sc.op);
+      return detail::adoptSharedResult(
+          std::move(out), index, aliases.entries,
+          c10::ArrayRef<const c10::StorageImpl*>(aliases.scalar_storages, aliases.scalars), *sc.op);
     }
   }
 
@@ -433,6 +465,10 @@ struct SharedKernel<R(A...)> {
       ShortAliases<N>& aliases,
       c10::Device native_device) {
     if constexpr (kShortTensor<T>) {
+      if (C10_UNLIKELY(arg.device().type() != c10::DeviceType::PrivateUse1)) { // a wrapped scalar, as it is
+        aliases.scalar_storages[aliases.scalars++] = arg.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+        return;
+      }
       takeAlias(arg, aliases.entries[K], aliases.pool, native_device);
     } else if constexpr (kOptionalTensor<T>) {
       if (arg.has_value() && arg->defined()) { // else the entry stays empty
@@ -453,7 +489,10 @@ struct SharedKernel<R(A...)> {
 
   template <class T, size_t K, size_t N>
   C10_ALWAYS_INLINE static typename ShortPass<T>::type passShort(std::remove_reference_t<T>& arg, ShortAliases<N>& aliases) {
-    if constexpr (kShortTensor<T>) {
+    if constexpr (kReadTensor<T>) {
+      const detail::Alias& a = aliases.entries[K];
+      return a.original != nullptr ? a.pooled : arg; // a wrapped scalar has no alias
+    } else if constexpr (kShortTensor<T>) {
       return aliases.entries[K].pooled;
     } else if constexpr (kOptionalTensor<T>) {
       const at::Tensor& alias = aliases.entries[K].pooled;
