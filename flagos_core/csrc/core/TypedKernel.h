@@ -502,8 +502,26 @@ struct SharedKernel<R(A...)> {
     }
   }
 
+  // How many aliases argument `arg` can take: a list's length, else one.
+  template <class T>
+  static size_t aliasCount(const std::remove_reference_t<T>& arg) {
+    using D = std::decay_t<T>;
+    if constexpr (std::is_same_v<D, at::TensorList> || std::is_same_v<D, at::ITensorListRef>) {
+      return arg.size();
+    } else {
+      return 1;
+    }
+  }
+
   template <size_t... I>
   static R run(CallState& state, RelabelProvider& provider, const Overload& overload, std::index_sequence<I...>, A... args) {
+    if constexpr (((std::is_same_v<std::decay_t<A>, at::TensorList> ||
+                    std::is_same_v<std::decay_t<A>, at::ITensorListRef>) || ...)) {
+      // The call's alias records in one allocation: a foreach call's lists
+      // (an optimizer's, hundreds of tensors) would otherwise grow them list
+      // by list, moving the records made so far.
+      state.aliases.reserve((aliasCount<A>(args) + ...));
+    }
     // Braced initialisation: arguments convert left to right, as in the schema.
     std::tuple<typename Arg<A>::Held...> held{Arg<A>::convert(state, args, I)...};
     if (overload.written != 0) {
