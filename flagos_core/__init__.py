@@ -106,10 +106,10 @@ def from_native(tensor, index=None):
 
 def use_autocast_policies(device):
     """For a plugin whose runtime runs `device`'s kernels (the CUDA plugin:
-    "cuda"): torch.autocast("flagos") then casts as torch.autocast(device)
-    does, with the same policy lists, so results stay the native device's.
-    Once per process. Without it, autocast on flagos is off (torch.autocast
-    says so and turns itself off)."""
+    "cuda"; the host runtime itself: "cpu"): torch.autocast("flagos") then
+    casts as torch.autocast(device) does, with the same policy lists, so
+    results stay the native device's. Once per process. Without it, autocast
+    on flagos is off (torch.autocast says so and turns itself off)."""
     _C._use_autocast_policies(device)
 
 

@@ -38,6 +38,9 @@ def _activate_host_runtime():
     _C._activate_host_runtime(_host_device_count())
     _host_rnn.register()
     _host_norms.register()
+    # The host runtime runs CPU's kernels: torch.autocast("flagos") casts as
+    # torch.autocast("cpu") does, so results stay CPU's.
+    _C._use_autocast_policies("cpu")
 
 
 @hookimpl

@@ -116,9 +116,10 @@ def get_device_capability(device=None):
 
 def get_amp_supported_dtype():
     """What torch.autocast("flagos") may cast to. float16 and bfloat16 where
-    the runtime's plugin chose a native device's autocast policies
+    the runtime chose a native device's autocast policies
     (flagos_core.use_autocast_policies: the CUDA plugin chooses CUDA's, so
-    flagos casts as torch.autocast("cuda") does); otherwise none, and an
+    flagos casts as torch.autocast("cuda") does; the host runtime CPU's);
+    otherwise none, and an
     enabled torch.autocast("flagos") warns that it turns itself off rather
     than run uncast. (torch.autocast asks even when made with enabled=False,
     as model code does to switch autocast off: no warning of our own here.)"""

@@ -1,11 +1,12 @@
-"""torch.autocast("flagos"): never stops an op; casts only by a native
-device's policy lists, chosen by the runtime's plugin (the CUDA plugin
-chooses CUDA's), and then exactly as that device's autocast would. Without
-policies (the host runtime) autocast says so and turns itself off."""
+"""torch.autocast("flagos"): never stops an op; casts by the policy lists of
+the native device the runtime runs (the host runtime: CPU's, the CUDA
+plugin: CUDA's, tested on the GPU), and then exactly as that device's
+autocast would: the same casts, the same kernels, the same bits."""
 
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -13,106 +14,153 @@ import torch
 import flagos_core
 
 pytestmark = pytest.mark.skipif(flagos_core.runtime()["name"] != "host",
-                                reason="the host runtime has no policies; GPU tests cover the cuda runtime's")
+                                reason="the host runtime's policies are CPU's; test_cuda_plugin.py covers CUDA's")
+
+DTYPES = (torch.bfloat16, torch.float16)
 
 
 def run_isolated(code):
-    # Policies are process-wide and permanent: they get a process of their own.
+    # Policies are process-wide and permanent: a process of its own.
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
 
-def test_without_policies_autocast_says_so_and_ops_run_uncast():
-    a, b = torch.randn(8, 8), torch.randn(8, 8)
-    assert torch.flagos.get_amp_supported_dtype() == []
-    with pytest.warns(UserWarning, match="Disabling autocast"):
-        with torch.autocast("flagos", dtype=torch.bfloat16):
-            out = a.to("flagos") @ b.to("flagos")
-    assert out.dtype == torch.float32 and torch.equal(out.cpu(), a @ b)
+def _both(fn, dtype, *cpu_args):
+    """fn's results under torch.autocast("cpu") on the CPU arguments and
+    under torch.autocast("flagos") on flagos copies, the latter on the CPU."""
+    flagos_args = [a.to("flagos") if isinstance(a, torch.Tensor) else a for a in cpu_args]
+    with torch.autocast("cpu", dtype=dtype):
+        expected = fn(*cpu_args)
+    with torch.autocast("flagos", dtype=dtype):
+        got = fn(*flagos_args)
+    return got, expected
 
 
-def test_autocast_switched_off_says_nothing():
+def _assert_same(got, expected):
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    expected = expected if isinstance(expected, (tuple, list)) else (expected,)
+    for g, e in zip(got, expected, strict=True):
+        assert g.device.type == "flagos"
+        assert g.dtype == e.dtype, (g.dtype, e.dtype)
+        assert torch.equal(g.cpu(), e), (g.cpu() - e).abs().max()
+
+
+def test_the_host_runtime_casts_the_ops_cpu_casts():
+    # The same set of ops as the installed PyTorch's CPU autocast, no more, no fewer.
+    cpu = set(torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU"))
+    flagos = set(torch._C._dispatch_get_registrations_for_dispatch_key("AutocastPrivateUse1"))
+    assert flagos == cpu, {"only on cpu": sorted(cpu - flagos), "only on flagos": sorted(flagos - cpu)}
+    assert torch.flagos.get_amp_supported_dtype() == [torch.float16, torch.bfloat16]
+    assert torch.get_autocast_dtype("flagos") == torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ops_cast_and_compute_as_under_cpu_autocast(dtype):
+    g = torch.Generator().manual_seed(0)
+    a, b, w = torch.randn(8, 16, generator=g), torch.randn(16, 4, generator=g), torch.randn(4, 16, generator=g)
+    batch = torch.randn(3, 8, 16, generator=g)
+    image, kernel = torch.randn(1, 2, 6, 6, generator=g), torch.randn(3, 2, 3, 3, generator=g)
+    q, kv = torch.randn(1, 2, 4, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g)
+    target = torch.randint(0, 4, (8,), generator=g)
+    p, y = torch.rand(8, generator=g), torch.rand(8, generator=g)
+    F = torch.nn.functional
+    cases = {
+        # to the autocast dtype
+        "mm": (lambda x, z: x @ z, a, b),
+        "linear": (F.linear, a, w),
+        "bmm": (lambda x, z: torch.bmm(x, z.expand(3, 16, 4)), batch, b),
+        "baddbmm": (lambda x, z: torch.baddbmm(x.new_zeros(3, 8, 4), x, z.expand(3, 16, 4)), batch, b),
+        "conv2d": (F.conv2d, image, kernel),
+        "sdpa": (F.scaled_dot_product_attention, q, kv, kv),
+        # to float32
+        "cross_entropy": (lambda x, t: F.cross_entropy(x.to(dtype), t), (a @ b), target),
+        "mse_loss": (lambda x, z: F.mse_loss(x.to(dtype), z.to(dtype)), a, a.flip(0)),
+        "binary_cross_entropy": (lambda x, z: F.binary_cross_entropy(x.to(dtype), z), p, y),
+        "prod": (lambda x: torch.prod(x.to(dtype), 1), a),
+        "cdist": (lambda x: torch.cdist(x.to(dtype), x.to(dtype)), a),
+        "rfft": (lambda x: torch.fft.rfft(x.to(dtype)), a),
+        # the widest type among the inputs
+        "cat": (lambda x: torch.cat((x.to(dtype), x)), a),
+        "stack": (lambda x: torch.stack((x, x.to(dtype))), a),
+        # no policy on CPU: as it is
+        "softmax": (lambda x: torch.softmax(x.to(dtype), -1), a),
+        "exp": (lambda x: torch.exp(x.to(dtype)), a),
+        "layer_norm": (lambda x: F.layer_norm(x.to(dtype), (16,)), a),
+    }
+    for name, (fn, *args) in cases.items():
+        got, expected = _both(fn, dtype, *args)
+        try:
+            _assert_same(got, expected)
+        except AssertionError as error:
+            raise AssertionError(f"{name}: {error}") from None
+
+
+def test_a_training_step_under_autocast_equals_cpus():
+    def step(device):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                                    torch.nn.Linear(32, 5)).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(1)
+        x, t = torch.randn(8, 16, generator=g).to(device), torch.randint(0, 5, (8,), generator=g).to(device)
+        losses = []
+        for _ in range(2):
+            with torch.autocast(device.split(":")[0]):  # the default dtype: bfloat16 on both
+                loss = torch.nn.functional.cross_entropy(model(x), t)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.detach().cpu())
+        return losses, [p.detach().cpu() for p in model.parameters()]
+
+    cpu_losses, cpu_params = step("cpu")
+    flagos_losses, flagos_params = step("flagos")
+    assert all(loss.dtype == torch.float32 for loss in flagos_losses)
+    assert all(torch.equal(f, c) for f, c in zip(flagos_losses, cpu_losses))
+    assert all(torch.equal(f, c) for f, c in zip(flagos_params, cpu_params))
+
+
+def test_autocast_says_nothing_entering_or_switched_off():
     # Model code (rotary embeddings, for one) opens torch.autocast(..., enabled=False) on every forward.
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with torch.autocast("flagos", enabled=False):
-            out = torch.ones(2, device="flagos") * 2
-    assert torch.equal(out.cpu(), torch.full((2,), 2.0))
+            off = torch.ones(2, 2, device="flagos") @ torch.ones(2, 2, device="flagos")
+        with torch.autocast("flagos"):
+            on = torch.ones(2, 2, device="flagos") @ torch.ones(2, 2, device="flagos")
+    assert off.dtype == torch.float32 and on.dtype == torch.bfloat16
 
 
-def test_autocast_switched_on_by_hand_does_not_stop_ops():
-    # torch.set_autocast_enabled bypasses torch.autocast's dtype check: ops
-    # without a policy pass the autocast key, as on every device.
+def test_autocast_switched_on_by_hand_casts_as_cpu_and_does_not_stop_other_ops():
+    # torch.set_autocast_enabled bypasses torch.autocast's checks: ops with a
+    # policy cast as CPU's, the others pass the autocast key, as on every device.
     a = torch.randn(4, 4)
     torch.set_autocast_enabled("flagos", True)
     try:
         fa = a.to("flagos")
-        out = (fa + 1).mm(fa).sum()
+        mm = fa.mm(fa)
+        out = (fa + 1).sum()
         filled = torch.zeros(3, device="flagos").fill_(2.0)
     finally:
         torch.set_autocast_enabled("flagos", False)
-    assert out.dtype == torch.float32 and torch.equal(out.cpu(), ((a + 1).mm(a)).sum())
+    with torch.autocast("cpu"):
+        expected_mm = a.mm(a)
+    assert mm.dtype == torch.bfloat16 and torch.equal(mm.cpu(), expected_mm)
+    assert out.dtype == torch.float32 and torch.equal(out.cpu(), (a + 1).sum())
     assert torch.equal(filled.cpu(), torch.full((3,), 2.0))
 
 
-def test_cuda_policies_cast_as_the_lists_say_and_match_cpu_where_cpu_casts_alike():
-    out = run_isolated("""
-        import torch, flagos_core
-        flagos_core.use_autocast_policies("cuda")
-        assert torch.flagos.get_amp_supported_dtype() == [torch.float16, torch.bfloat16]
-        torch.manual_seed(0)
-        a, b, w = torch.randn(8, 16), torch.randn(16, 4), torch.randn(4, 16)
-        fa, fb, fw = a.to("flagos"), b.to("flagos"), w.to("flagos")
-        for dtype in (torch.bfloat16, torch.float16):
-            with torch.autocast("flagos", dtype=dtype):
-                mm, lin = fa @ fb, torch.nn.functional.linear(fa, fw)          # lower_precision_fp
-                exp = torch.exp(fa.to(dtype))                                  # fp32
-                soft = torch.softmax(fa.to(dtype), -1)                         # fp32_set_opt_dtype
-                prom = torch.addcmul(fa, fa.to(dtype), fa.to(dtype))           # promote
-                plain = fa.to(dtype) + 1                                       # no policy: as it is
-                norm = torch.norm(fa.to(dtype), 2)                             # different redispatch signature
-            assert (mm.dtype, lin.dtype) == (dtype, dtype), (mm.dtype, lin.dtype)
-            assert (exp.dtype, soft.dtype, prom.dtype, norm.dtype) == (torch.float32,) * 4
-            assert plain.dtype == dtype
-            # CPU's autocast casts mm and linear too: same casts, same kernels, same bits.
-            with torch.autocast("cpu", dtype=dtype):
-                assert torch.equal(mm.cpu(), a @ b) and torch.equal(lin.cpu(), torch.nn.functional.linear(a, w))
-            assert torch.equal(exp.cpu(), torch.exp(a.to(dtype).float()))
-        # Training under autocast: the backward runs, gradients in the parameters' dtype.
-        x = torch.randn(4, 16, device="flagos", requires_grad=True)
-        with torch.autocast("flagos", dtype=torch.bfloat16):
-            loss = torch.nn.functional.linear(x, fw).float().pow(2).mean()
-        loss.backward()
-        assert x.grad.dtype == torch.float32 and x.grad.device.type == "flagos"
-        # Outside autocast nothing is cast.
-        assert (fa @ fb).dtype == torch.float32
-        # binary_cross_entropy is refused under autocast, as on CUDA; outside it runs.
-        p, y = torch.rand(4, device="flagos"), torch.rand(4, device="flagos")
-        try:
-            with torch.autocast("flagos", dtype=torch.bfloat16):
-                torch.nn.functional.binary_cross_entropy(p, y)
-        except RuntimeError as error:
-            print("bce:", error)
-        assert torch.equal(torch.nn.functional.binary_cross_entropy(p, y).cpu(),
-                           torch.nn.functional.binary_cross_entropy(p.cpu(), y.cpu()))
-        try:
-            flagos_core.use_autocast_policies("xpu")
-        except RuntimeError as error:
-            print("switch:", error)
-        """)
-    assert "switch: flagos: autocast already casts as cuda; it cannot switch to xpu" in out
-    assert "bce: flagos: binary_cross_entropy (nn.BCELoss) cannot run under torch.autocast" in out
-
-
-def test_unknown_policies_name_the_known_ones():
+def test_policies_cannot_switch_and_unknown_ones_name_the_known():
     out = run_isolated("""
         import flagos_core
-        try:
-            flagos_core.use_autocast_policies("tpu")
-        except RuntimeError as error:
-            print(error)
+        for device in ("cpu", "cuda", "tpu"):
+            try:
+                flagos_core.use_autocast_policies(device)
+                print(device, "ok")
+            except RuntimeError as error:
+                print(device, str(error).splitlines()[0])
         """)
-    assert "no autocast policies for device 'tpu'; known: cuda" in out
+    assert "cpu ok" in out
+    assert "cuda flagos: autocast already casts as cpu; it cannot switch to cuda in the same process" in out
+    assert "tpu flagos: no autocast policies for device 'tpu'; known: cpu, cuda" in out

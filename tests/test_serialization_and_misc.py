@@ -354,10 +354,8 @@ def test_device_name_and_properties():
     assert props.multi_processor_count >= 1
     assert torch.flagos.get_device_properties("flagos:0").name == name
     assert torch.flagos.get_device_capability() == (props.major, props.minor)
-    if flagos_core.runtime()["name"] == "cuda":  # CUDA's autocast policies (test_autocast.py)
-        assert torch.flagos.get_amp_supported_dtype() == [torch.float16, torch.bfloat16]
-    else:  # no policies on the host runtime: torch.autocast("flagos") turns itself off
-        assert torch.flagos.get_amp_supported_dtype() == []
+    # Both runtimes have a native device's autocast policies (CUDA's, CPU's; test_autocast.py).
+    assert torch.flagos.get_amp_supported_dtype() == [torch.float16, torch.bfloat16]
     with pytest.raises(RuntimeError, match="flagos:7"):
         torch.flagos.get_device_properties(7)
 

@@ -56,6 +56,8 @@ void registerCudaPolicies(torch::Library& m) {
 } // namespace
 
 void useAutocastPolicies(const std::string& device) {
+  TORCH_CHECK(
+      device == "cuda" || device == "cpu", "flagos: no autocast policies for device '", device, "'; known: cpu, cuda");
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_library) {
     TORCH_CHECK(
@@ -63,10 +65,17 @@ void useAutocastPolicies(const std::string& device) {
         " in the same process");
     return;
   }
-  TORCH_CHECK(device == "cuda", "flagos: no autocast policies for device '", device, "'; known: cuda");
   auto library = std::make_unique<torch::Library>(
       torch::Library::IMPL, "aten", std::make_optional(c10::DispatchKey::AutocastPrivateUse1), __FILE__, __LINE__);
-  registerCudaPolicies(*library);
+  if (device == "cuda") {
+    registerCudaPolicies(*library);
+  } else {
+    registerCpuPolicies(*library);
+    // CPU's autocast casts to bfloat16 unless told otherwise, where PyTorch's
+    // default for PrivateUse1 is float16. The default is per thread: this
+    // one's (the one that activates the runtime, at import).
+    at::autocast::set_autocast_dtype(c10::DeviceType::PrivateUse1, at::kBFloat16);
+  }
   g_library = std::move(library);
   g_device = device;
 }
