@@ -121,6 +121,37 @@ def test_a_training_step_under_autocast_equals_cpus():
     assert all(torch.equal(f, c) for f, c in zip(flagos_params, cpu_params))
 
 
+@pytest.mark.parametrize("init_scale", [2.0**16, 2.0**40])  # the second overflows: steps skipped, scale cut
+def test_float16_training_with_a_grad_scaler_equals_cpus(init_scale):
+    # GradScaler("flagos") unscales and checks for infs with the native
+    # device's kernels: the same scale, losses and parameters as on CPU.
+    def step(device):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5)).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler(device, init_scale=init_scale)
+        g = torch.Generator().manual_seed(1)
+        x, t = torch.randn(8, 16, generator=g).to(device), torch.randint(0, 5, (8,), generator=g).to(device)
+        losses = []
+        for _ in range(3):
+            with torch.autocast(device, dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(model(x), t)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            losses.append(loss.detach().cpu())
+        return losses, [p.detach().cpu() for p in model.parameters()], scaler.get_scale()
+
+    with flagos_core.trace() as t:
+        flagos = step("flagos")
+    cpu = step("cpu")
+    assert t.fallbacks == []
+    assert all(torch.equal(f, c) for f, c in zip(flagos[0], cpu[0]))
+    assert all(torch.equal(f, c) for f, c in zip(flagos[1], cpu[1]))
+    assert flagos[2] == cpu[2] and (flagos[2] < init_scale) == (init_scale > 2.0**16)
+
+
 def test_autocast_says_nothing_entering_or_switched_off():
     # Model code (rotary embeddings, for one) opens torch.autocast(..., enabled=False) on every forward.
     with warnings.catch_warnings():
