@@ -119,10 +119,10 @@ def get_amp_supported_dtype():
     the runtime chose a native device's autocast policies
     (flagos_core.use_autocast_policies: the CUDA plugin chooses CUDA's, so
     flagos casts as torch.autocast("cuda") does; the host runtime CPU's);
-    otherwise none, and an
-    enabled torch.autocast("flagos") warns that it turns itself off rather
-    than run uncast. (torch.autocast asks even when made with enabled=False,
-    as model code does to switch autocast off: no warning of our own here.)"""
+    otherwise none, and an enabled torch.autocast("flagos") warns that it
+    turns itself off rather than run uncast. (torch.autocast asks even when
+    made with enabled=False, as model code does to switch autocast off: no
+    warning of our own here.)"""
     if _C._autocast_policies():
         return [torch.float16, torch.bfloat16]
     return []

@@ -252,7 +252,9 @@ struct ShortAliases {
   detail::Alias entries[N]{}; // a wrapped scalar's stays empty
   bool shared = false; // some alias uses the written one's storage
   size_t scalars = 0;
-  const c10::StorageImpl* scalar_storages[N]{}; // the wrapped scalars', never to be taken over
+  // The wrapped scalars' storages, never to be taken over: only the first
+  // `scalars` are set and read (left uninitialised: no stores per call).
+  const c10::StorageImpl* scalar_storages[N];
   explicit ShortAliases(detail::AliasPool* p) : pool(p) {}
   ShortAliases(const ShortAliases&) = delete;
   ShortAliases& operator=(const ShortAliases&) = delete;
@@ -502,21 +504,24 @@ struct SharedKernel<R(A...)> {
     }
   }
 
-  // How many aliases argument `arg` can take: a list's length, else one.
+  template <class T>
+  static constexpr bool kTensorList =
+      std::is_same_v<std::decay_t<T>, at::TensorList> || std::is_same_v<std::decay_t<T>, at::ITensorListRef>;
+
+  // How many aliases argument `arg` can take: a list's length, one for a
+  // tensor, none for a plain value.
   template <class T>
   static size_t aliasCount(const std::remove_reference_t<T>& arg) {
-    using D = std::decay_t<T>;
-    if constexpr (std::is_same_v<D, at::TensorList> || std::is_same_v<D, at::ITensorListRef>) {
+    if constexpr (kTensorList<T>) {
       return arg.size();
     } else {
-      return 1;
+      return kAliasSlot<T> ? 1 : 0;
     }
   }
 
   template <size_t... I>
   static R run(CallState& state, RelabelProvider& provider, const Overload& overload, std::index_sequence<I...>, A... args) {
-    if constexpr (((std::is_same_v<std::decay_t<A>, at::TensorList> ||
-                    std::is_same_v<std::decay_t<A>, at::ITensorListRef>) || ...)) {
+    if constexpr ((kTensorList<A> || ...)) {
       // The call's alias records in one allocation: a foreach call's lists
       // (an optimizer's, hundreds of tensors) would otherwise grow them list
       // by list, moving the records made so far.
