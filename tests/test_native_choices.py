@@ -1,7 +1,7 @@
 """Composite ops that choose their kernel by the tensor's device type take
 the native device's choice on flagos (core/NativeChoices.cpp): batch_norm
-(and instance_norm, which calls it) and grid_sampler take cuDNN where native
-CUDA does, so outputs, gradients and running statistics equal the native
+(and instance_norm, which calls it), grid_sampler and ctc_loss take cuDNN
+where native CUDA does, so outputs, gradients and running statistics equal the native
 device's bitwise, and the trace shows the native device's kernels."""
 
 import pytest
@@ -87,6 +87,62 @@ def test_grid_sample_equals_the_native_device(tmp_path):
     # cuDNN's sampler serves bilinear, zero padding and align_corners=True only.
     assert ("cudnn_grid_sampler" in ops) == _cudnn_expected()
     assert "grid_sampler_2d" in ops
+
+
+def _ctc(device, targets_on_device=False):
+    # Self-contained. Losses and log_probs gradients for every reduction,
+    # zero_infinity off and on, lengths as lists and as tensors, and one
+    # unbatched input. By default int32 targets on the CPU and every input as
+    # long as log_probs: the form native CUDA gives cuDNN.
+    torch.manual_seed(2)
+    steps, batch, classes, target_lengths = 30, 3, 12, [5, 12, 1]
+    results = []
+    for reduction in ("none", "mean", "sum"):
+        for zero_infinity in (False, True):
+            for lengths_as_tensors in (False, True):
+                log_probs = torch.randn(steps, batch, classes).log_softmax(2).to(device).requires_grad_()
+                targets = torch.randint(1, classes, (sum(target_lengths),), dtype=torch.int32)
+                if targets_on_device:
+                    targets = targets.to(device)
+                inputs, labels = [steps] * batch, target_lengths
+                if lengths_as_tensors:
+                    inputs, labels = torch.tensor(inputs, dtype=torch.int32), torch.tensor(labels, dtype=torch.int32)
+                loss = torch.nn.functional.ctc_loss(
+                    log_probs, targets, inputs, labels, reduction=reduction, zero_infinity=zero_infinity)
+                loss.sum().backward()
+                results += [loss.detach(), log_probs.grad]
+    log_probs = torch.randn(steps, classes).log_softmax(1).to(device).requires_grad_()
+    targets = torch.randint(1, classes, (7,), dtype=torch.int32)
+    loss = torch.nn.functional.ctc_loss(log_probs, targets.to(device) if targets_on_device else targets, [steps], [7])
+    loss.backward()
+    return results + [loss.detach(), log_probs.grad]
+
+
+def test_ctc_loss_equals_the_native_device(tmp_path):
+    native = results_on_native(_ctc, native_device(), tmp_path)
+    with flagos_core.trace() as t:
+        flagos = _ctc(torch.device("flagos"))
+    assert t.fallbacks == []
+    assert_matches_native(flagos, native)
+    calls = {op: n for (op, _), n in t.counts.items()}
+    # Thirteen losses: cuDNN's (deterministic) on CUDA, the native kernel elsewhere.
+    if _cudnn_expected():
+        assert calls.get("_cudnn_ctc_loss") == 13 and "_ctc_loss" not in calls
+    else:
+        assert calls.get("_ctc_loss") == 13 and "_cudnn_ctc_loss" not in calls
+
+
+def test_ctc_loss_with_targets_on_the_device_takes_the_native_kernel(tmp_path):
+    # Targets on the device: cuDNN's branch is not taken natively either.
+    native = results_on_native(_ctc, native_device(), tmp_path, targets_on_device=True)
+    with flagos_core.trace() as t:
+        flagos = _ctc(torch.device("flagos"), targets_on_device=True)
+    assert t.fallbacks == []
+    assert_matches_native(flagos[0::2], native[0::2])  # the losses: bitwise
+    # The gradients to rounding: CUDA's CTC backward may add with atomics.
+    assert_matches_native(flagos[1::2], native[1::2], rtol=1e-5, atol=1e-6)
+    calls = {op: n for (op, _), n in t.counts.items()}
+    assert calls.get("_ctc_loss") == 13 and "_cudnn_ctc_loss" not in calls
 
 
 def test_the_choice_follows_the_native_switch():

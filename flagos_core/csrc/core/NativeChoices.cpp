@@ -2,8 +2,8 @@
 // native device's choice on flagos.
 //
 // PyTorch's batch_norm (through _batch_norm_impl_index, which instance_norm
-// calls too) and grid_sampler take cuDNN's kernels only for tensors whose
-// device is CUDA. For a flagos tensor they took the other branch, CUDA's own
+// calls too), grid_sampler and ctc_loss take cuDNN's kernels only for
+// tensors whose device is CUDA. For a flagos tensor they took the other branch, CUDA's own
 // kernels, whose results are a rounding step away from native CUDA's. Here
 // flagos asks PyTorch's own selection about a native alias of the input, and
 // where the native device would take cuDNN, calls that kernel on the flagos
@@ -19,7 +19,9 @@
 #include <ATen/ATen.h>
 #include <ATen/native/GridSamplerUtils.h>
 #include <ATen/native/Normalization.h>
+#include <ATen/TensorSubclassLikeUtils.h>
 #include <ATen/ops/_batch_norm_impl_index_compositeimplicitautograd_dispatch.h>
+#include <ATen/ops/ctc_loss_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/grid_sampler_compositeimplicitautograd_dispatch.h>
 #include <c10/core/DispatchKeySet.h>
 #include <torch/library.h>
@@ -140,6 +142,73 @@ at::Tensor gridSampler(
   return at::compositeimplicitautograd::grid_sampler(input, grid, interpolation_mode, padding_mode, align_corners);
 }
 
+// ctc_loss's cuDNN branch. The composite asks `_use_cudnn_ctc_loss` only
+// for a CUDA log_probs: cuDNN takes float32 log_probs on the GPU with int32
+// targets on the CPU, blank 0, every input as long as log_probs and targets
+// under 256 labels. Where the native device would take it, flagos computes
+// the losses with `_cudnn_ctc_loss` on the flagos tensors (its targets stay
+// on the CPU, as the native kernel wants them; the router lets them) and
+// reduces them as the composite does, in the same steps.
+at::Tensor ctcLoss(
+    const at::Tensor& log_probs_in,
+    const at::Tensor& targets,
+    c10::IntArrayRef input_lengths,
+    c10::IntArrayRef target_lengths,
+    int64_t blank,
+    int64_t reduction,
+    bool zero_infinity) {
+  if (choosesNatively({&log_probs_in}) && targets.defined() && targets.device().is_cpu() &&
+      !at::isTensorSubclassLike(targets)) {
+    const bool batched = log_probs_in.dim() == 3;
+    const at::Tensor log_probs = batched ? log_probs_in : log_probs_in.unsqueeze(1);
+    bool cudnn = false;
+    {
+      const ScopedNativeAlias native(log_probs);
+      cudnn = native.get().device().is_cuda() &&
+          at::_use_cudnn_ctc_loss(native.get(), targets, input_lengths, target_lengths, blank);
+    }
+    if (cudnn) {
+      // Deterministic, as the composite asks.
+      at::Tensor losses = std::get<0>(at::_cudnn_ctc_loss(
+          log_probs, targets, input_lengths, target_lengths, blank, /*deterministic=*/true, zero_infinity));
+      if (reduction == at::Reduction::Mean) {
+        return (losses / at::tensor(target_lengths, losses.options()).clamp_min(1)).mean();
+      }
+      if (reduction == at::Reduction::Sum) {
+        return losses.sum();
+      }
+      return batched ? losses : losses.squeeze(0);
+    }
+  }
+  return at::compositeimplicitautograd::ctc_loss(
+      log_probs_in, targets, input_lengths, target_lengths, blank, reduction, zero_infinity);
+}
+
+// The overload with lengths as tensors: for plain tensors the composite
+// reads them into lists on the CPU and runs the list overload's code, which
+// a call through the dispatcher would not reach; so does this, into ctcLoss.
+at::Tensor ctcLossTensorLengths(
+    const at::Tensor& log_probs,
+    const at::Tensor& targets,
+    const at::Tensor& input_lengths,
+    const at::Tensor& target_lengths,
+    int64_t blank,
+    int64_t reduction,
+    bool zero_infinity) {
+  if (at::areAnyTensorSubclassLike({log_probs, targets, input_lengths, target_lengths})) {
+    return at::compositeimplicitautograd::ctc_loss(
+        log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity);
+  }
+  TORCH_CHECK(isIntegralType(input_lengths.scalar_type(), /*includeBool=*/false), "input_lengths must be integral");
+  TORCH_CHECK(isIntegralType(target_lengths.scalar_type(), /*includeBool=*/false), "target_lengths must be integral");
+  const at::Tensor inputs_on_cpu = input_lengths.to(c10::Device(c10::kCPU), at::kLong).contiguous();
+  const at::Tensor targets_on_cpu = target_lengths.to(c10::Device(c10::kCPU), at::kLong).contiguous();
+  return ctcLoss(
+      log_probs, targets, c10::IntArrayRef(inputs_on_cpu.const_data_ptr<int64_t>(), inputs_on_cpu.numel()),
+      c10::IntArrayRef(targets_on_cpu.const_data_ptr<int64_t>(), targets_on_cpu.numel()), blank, reduction,
+      zero_infinity);
+}
+
 } // namespace
 } // namespace flagos
 
@@ -148,8 +217,12 @@ at::Tensor gridSampler(
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("_batch_norm_impl_index", TORCH_FN(flagos::batchNormImplIndex));
   m.impl("grid_sampler", TORCH_FN(flagos::gridSampler));
+  m.impl("ctc_loss.IntList", TORCH_FN(flagos::ctcLoss));
+  m.impl("ctc_loss.Tensor", TORCH_FN(flagos::ctcLossTensorLengths));
 }
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_batch_norm_impl_index", TORCH_FN(flagos::batchNormImplIndex));
   m.impl("grid_sampler", TORCH_FN(flagos::gridSampler));
+  m.impl("ctc_loss.IntList", TORCH_FN(flagos::ctcLoss));
+  m.impl("ctc_loss.Tensor", TORCH_FN(flagos::ctcLossTensorLengths));
 }

@@ -2,6 +2,7 @@
 
 #include "core/Alias.h"
 
+#include <string>
 #include <unordered_map>
 
 namespace flagos::detail {
@@ -20,10 +21,19 @@ bool isForeign(const c10::StorageImpl* storage, c10::ArrayRef<const c10::Storage
 
 } // namespace
 
-// An argument the schema names `cpu_...` (`_nested_from_padded`'s
-// cpu_nested_shape_example): a CPU tensor on every device, natively too.
+// An argument that is a CPU tensor on every device, natively too: one the
+// schema names `cpu_...` (`_nested_from_padded`'s cpu_nested_shape_example),
+// and cuDNN's CTC loss's targets, which its kernel reads on the host.
 static bool onCpuByDesign(const c10::OperatorHandle& op, size_t arg, const c10::Device& d) {
-  return d.is_cpu() && op.schema().arguments().at(arg).name().rfind("cpu_", 0) == 0;
+  if (!d.is_cpu()) {
+    return false;
+  }
+  const std::string& name = op.schema().arguments().at(arg).name();
+  if (name.rfind("cpu_", 0) == 0) {
+    return true;
+  }
+  const std::string& base = op.operator_name().name;
+  return name == "targets" && (base == "aten::_cudnn_ctc_loss" || base == "aten::_use_cudnn_ctc_loss");
 }
 
 void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg) {
