@@ -90,10 +90,12 @@ def test_grid_sample_equals_the_native_device(tmp_path):
 
 
 def _ctc(device, targets_on_device=False):
-    # Self-contained. Losses and log_probs gradients for every reduction,
-    # zero_infinity off and on, lengths as lists and as tensors, and one
-    # unbatched input. By default int32 targets on the CPU and every input as
-    # long as log_probs: the form native CUDA gives cuDNN.
+    # Self-contained. Losses and log_probs gradients for every reduction and
+    # zero_infinity off and on, with lengths as lists and as tensors, and one
+    # unbatched input. The forms native CUDA gives cuDNN: with lists, int32
+    # targets on the CPU (targets_on_device: on the device, which it does not
+    # give cuDNN) and every input as long as log_probs; with tensors, int32
+    # targets and lengths on the device.
     torch.manual_seed(2)
     steps, batch, classes, target_lengths = 30, 3, 12, [5, 12, 1]
     results = []
@@ -102,11 +104,12 @@ def _ctc(device, targets_on_device=False):
             for lengths_as_tensors in (False, True):
                 log_probs = torch.randn(steps, batch, classes).log_softmax(2).to(device).requires_grad_()
                 targets = torch.randint(1, classes, (sum(target_lengths),), dtype=torch.int32)
-                if targets_on_device:
-                    targets = targets.to(device)
                 inputs, labels = [steps] * batch, target_lengths
                 if lengths_as_tensors:
-                    inputs, labels = torch.tensor(inputs, dtype=torch.int32), torch.tensor(labels, dtype=torch.int32)
+                    inputs = torch.tensor(inputs, dtype=torch.int32).to(device)
+                    labels = torch.tensor(labels, dtype=torch.int32).to(device)
+                if lengths_as_tensors or targets_on_device:
+                    targets = targets.to(device)
                 loss = torch.nn.functional.ctc_loss(
                     log_probs, targets, inputs, labels, reduction=reduction, zero_infinity=zero_infinity)
                 loss.sum().backward()
@@ -125,15 +128,18 @@ def test_ctc_loss_equals_the_native_device(tmp_path):
     assert t.fallbacks == []
     assert_matches_native(flagos, native)
     calls = {op: n for (op, _), n in t.counts.items()}
-    # Thirteen losses: cuDNN's (deterministic) on CUDA, the native kernel elsewhere.
+    # Thirteen losses: cuDNN's on CUDA (seven with lengths as lists, six as
+    # tensors), the native kernel elsewhere.
     if _cudnn_expected():
-        assert calls.get("_cudnn_ctc_loss") == 13 and "_ctc_loss" not in calls
+        assert calls.get("_cudnn_ctc_loss") == 7 and calls.get("_cudnn_ctc_loss.Tensor") == 6
+        assert "_ctc_loss" not in calls
     else:
         assert calls.get("_ctc_loss") == 13 and "_cudnn_ctc_loss" not in calls
 
 
 def test_ctc_loss_with_targets_on_the_device_takes_the_native_kernel(tmp_path):
-    # Targets on the device: cuDNN's branch is not taken natively either.
+    # With lengths as lists, targets on the device: cuDNN's branch is not
+    # taken natively either.
     native = results_on_native(_ctc, native_device(), tmp_path, targets_on_device=True)
     with flagos_core.trace() as t:
         flagos = _ctc(torch.device("flagos"), targets_on_device=True)
@@ -142,7 +148,8 @@ def test_ctc_loss_with_targets_on_the_device_takes_the_native_kernel(tmp_path):
     # The gradients to rounding: CUDA's CTC backward may add with atomics.
     assert_matches_native(flagos[1::2], native[1::2], rtol=1e-5, atol=1e-6)
     calls = {op: n for (op, _), n in t.counts.items()}
-    assert calls.get("_ctc_loss") == 13 and "_cudnn_ctc_loss" not in calls
+    assert "_cudnn_ctc_loss" not in calls
+    assert calls.get("_ctc_loss") == (7 if _cudnn_expected() else 13)
 
 
 def test_the_choice_follows_the_native_switch():

@@ -142,13 +142,47 @@ at::Tensor gridSampler(
   return at::compositeimplicitautograd::grid_sampler(input, grid, interpolation_mode, padding_mode, align_corners);
 }
 
-// ctc_loss's cuDNN branch. The composite asks `_use_cudnn_ctc_loss` only
-// for a CUDA log_probs: cuDNN takes float32 log_probs on the GPU with int32
-// targets on the CPU, blank 0, every input as long as log_probs and targets
-// under 256 labels. Where the native device would take it, flagos computes
-// the losses with `_cudnn_ctc_loss` on the flagos tensors (its targets stay
-// on the CPU, as the native kernel wants them; the router lets them) and
-// reduces them as the composite does, in the same steps.
+// ctc_loss's cuDNN branches. The composite asks `_use_cudnn_ctc_loss` only
+// for a CUDA log_probs. With lengths as lists cuDNN takes float32 log_probs
+// with int32 targets on the CPU (which its kernel reads on the host; the
+// router lets them stay there), blank 0, every input as long as log_probs
+// and targets under 256 labels; with lengths as tensors, the overload that
+// takes them all on the GPU. Where the native device would take cuDNN,
+// flagos computes the losses with `_cudnn_ctc_loss` on the flagos tensors
+// and reduces them as the composite does, in the same steps; otherwise the
+// composite runs as before.
+
+at::Tensor clampedTargetLengths(c10::IntArrayRef target_lengths, const at::TensorOptions& options) {
+  return at::tensor(target_lengths, options).clamp_min(1);
+}
+
+at::Tensor clampedTargetLengths(const at::Tensor& target_lengths, const at::TensorOptions&) {
+  return target_lengths.clamp_min(1);
+}
+
+// The composite's reduction of cuDNN's per-sequence losses (deterministic,
+// as the composite asks for them).
+template <class Lengths>
+at::Tensor cudnnCtcLoss(
+    const at::Tensor& log_probs,
+    const at::Tensor& targets,
+    Lengths input_lengths,
+    Lengths target_lengths,
+    int64_t blank,
+    int64_t reduction,
+    bool zero_infinity,
+    bool batched) {
+  at::Tensor losses = std::get<0>(at::_cudnn_ctc_loss(
+      log_probs, targets, input_lengths, target_lengths, blank, /*deterministic=*/true, zero_infinity));
+  if (reduction == at::Reduction::Mean) {
+    return (losses / clampedTargetLengths(target_lengths, losses.options())).mean();
+  }
+  if (reduction == at::Reduction::Sum) {
+    return losses.sum();
+  }
+  return batched ? losses : losses.squeeze(0);
+}
+
 at::Tensor ctcLoss(
     const at::Tensor& log_probs_in,
     const at::Tensor& targets,
@@ -168,25 +202,17 @@ at::Tensor ctcLoss(
           at::_use_cudnn_ctc_loss(native.get(), targets, input_lengths, target_lengths, blank);
     }
     if (cudnn) {
-      // Deterministic, as the composite asks.
-      at::Tensor losses = std::get<0>(at::_cudnn_ctc_loss(
-          log_probs, targets, input_lengths, target_lengths, blank, /*deterministic=*/true, zero_infinity));
-      if (reduction == at::Reduction::Mean) {
-        return (losses / at::tensor(target_lengths, losses.options()).clamp_min(1)).mean();
-      }
-      if (reduction == at::Reduction::Sum) {
-        return losses.sum();
-      }
-      return batched ? losses : losses.squeeze(0);
+      return cudnnCtcLoss(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, batched);
     }
   }
   return at::compositeimplicitautograd::ctc_loss(
       log_probs_in, targets, input_lengths, target_lengths, blank, reduction, zero_infinity);
 }
 
-// The overload with lengths as tensors: for plain tensors the composite
-// reads them into lists on the CPU and runs the list overload's code, which
-// a call through the dispatcher would not reach; so does this, into ctcLoss.
+// With lengths as tensors the composite first asks cuDNN's overload for
+// tensors; otherwise, for plain tensors, it reads the lengths into lists on
+// the CPU and runs the list overload's code (a C++ call, which the dispatcher
+// would not bring to ctcLoss), and so does this.
 at::Tensor ctcLossTensorLengths(
     const at::Tensor& log_probs,
     const at::Tensor& targets,
@@ -199,13 +225,29 @@ at::Tensor ctcLossTensorLengths(
     return at::compositeimplicitautograd::ctc_loss(
         log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity);
   }
+  if (choosesNatively({&log_probs, &targets, &input_lengths, &target_lengths})) {
+    bool cudnn = false;
+    {
+      const ScopedNativeAlias native_log_probs(log_probs);
+      const ScopedNativeAlias native_targets(targets);
+      const ScopedNativeAlias native_inputs(input_lengths);
+      const ScopedNativeAlias native_labels(target_lengths);
+      cudnn = native_log_probs.get().device().is_cuda() &&
+          at::_use_cudnn_ctc_loss(
+                  native_log_probs.get(), native_targets.get(), native_inputs.get(), native_labels.get(), blank);
+    }
+    if (cudnn) { // its selection asks for 3-dimensional log_probs: batched
+      return cudnnCtcLoss<const at::Tensor&>(
+          log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, true);
+    }
+  }
   TORCH_CHECK(isIntegralType(input_lengths.scalar_type(), /*includeBool=*/false), "input_lengths must be integral");
   TORCH_CHECK(isIntegralType(target_lengths.scalar_type(), /*includeBool=*/false), "target_lengths must be integral");
   const at::Tensor inputs_on_cpu = input_lengths.to(c10::Device(c10::kCPU), at::kLong).contiguous();
-  const at::Tensor targets_on_cpu = target_lengths.to(c10::Device(c10::kCPU), at::kLong).contiguous();
+  const at::Tensor labels_on_cpu = target_lengths.to(c10::Device(c10::kCPU), at::kLong).contiguous();
   return ctcLoss(
       log_probs, targets, c10::IntArrayRef(inputs_on_cpu.const_data_ptr<int64_t>(), inputs_on_cpu.numel()),
-      c10::IntArrayRef(targets_on_cpu.const_data_ptr<int64_t>(), targets_on_cpu.numel()), blank, reduction,
+      c10::IntArrayRef(labels_on_cpu.const_data_ptr<int64_t>(), labels_on_cpu.numel()), blank, reduction,
       zero_infinity);
 }
 
