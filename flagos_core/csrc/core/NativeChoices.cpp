@@ -194,15 +194,19 @@ at::Tensor ctcLoss(
   if (choosesNatively({&log_probs_in}) && targets.defined() && targets.device().is_cpu() &&
       !at::isTensorSubclassLike(targets)) {
     const bool batched = log_probs_in.dim() == 3;
-    const at::Tensor log_probs = batched ? log_probs_in : log_probs_in.unsqueeze(1);
     bool cudnn = false;
     {
-      const ScopedNativeAlias native(log_probs);
+      // The selection sees the batched form, as the composite's; the flagos
+      // view is made only where cuDNN is taken (autograd records it).
+      const ScopedNativeAlias native(log_probs_in);
       cudnn = native.get().device().is_cuda() &&
-          at::_use_cudnn_ctc_loss(native.get(), targets, input_lengths, target_lengths, blank);
+          at::_use_cudnn_ctc_loss(
+                  batched ? native.get() : native.get().unsqueeze(1), targets, input_lengths, target_lengths, blank);
     }
     if (cudnn) {
-      return cudnnCtcLoss(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity, batched);
+      return cudnnCtcLoss(
+          batched ? log_probs_in : log_probs_in.unsqueeze(1), targets, input_lengths, target_lengths, blank, reduction,
+          zero_infinity, batched);
     }
   }
   return at::compositeimplicitautograd::ctc_loss(
