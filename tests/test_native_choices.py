@@ -152,6 +152,42 @@ def test_ctc_loss_with_targets_on_the_device_takes_the_native_kernel(tmp_path):
     assert calls.get("_ctc_loss") == (7 if _cudnn_expected() else 13)
 
 
+def _ctc_with_targets_on_the_cpu(device):
+    # Self-contained. Two forms with int32 targets on the CPU that cuDNN's
+    # list branch does not take: lengths as tensors on the device, and
+    # float64 log_probs with lengths as lists. The CPU computes both; native
+    # CUDA may refuse them (a mix of devices). Each form gives its loss and
+    # gradient, or -1 twice where ctc_loss raised.
+    torch.manual_seed(3)
+    steps, batch, classes, target_lengths = 20, 2, 9, [4, 6]
+    results = []
+    for lengths_as_tensors, dtype in ((True, torch.float32), (False, torch.float64)):
+        log_probs = torch.randn(steps, batch, classes, dtype=dtype).log_softmax(2).to(device).requires_grad_()
+        targets = torch.randint(1, classes, (sum(target_lengths),), dtype=torch.int32)
+        inputs, labels = [steps] * batch, target_lengths
+        if lengths_as_tensors:
+            inputs = torch.tensor(inputs, dtype=torch.int32).to(device)
+            labels = torch.tensor(labels, dtype=torch.int32).to(device)
+        try:
+            loss = torch.nn.functional.ctc_loss(log_probs, targets, inputs, labels)
+            loss.backward()
+            results += [loss.detach(), log_probs.grad]
+        except RuntimeError:
+            results += [torch.full((1,), -1.0, device=device)] * 2
+    return results
+
+
+def test_ctc_loss_with_targets_on_the_cpu_does_what_the_native_device_does(tmp_path):
+    # No silent difference: flagos computes these forms where the native
+    # device does (equal results) and raises where it raises.
+    native = results_on_native(_ctc_with_targets_on_the_cpu, native_device(), tmp_path)
+    flagos = _ctc_with_targets_on_the_cpu(torch.device("flagos"))
+    assert_matches_native(flagos[0::2], native[0::2])  # the losses: bitwise
+    assert_matches_native(flagos[1::2], native[1::2], rtol=1e-5, atol=1e-6)
+    if native_device().type == "cpu":
+        assert all(loss.numel() == 1 and loss.item() > 0 for loss in flagos[0::2])  # computed, not refused
+
+
 def test_the_choice_follows_the_native_switch():
     # With cuDNN switched off the native device takes its own kernels, and so
     # does flagos (the selection reads the same switch).
