@@ -229,7 +229,15 @@ at::Tensor ctcLossTensorLengths(
     return at::compositeimplicitautograd::ctc_loss(
         log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity);
   }
-  if (choosesNatively({&log_probs, &targets, &input_lengths, &target_lengths})) {
+  // PyTorch asks cuDNN's tensor overload whatever devices the other tensors
+  // are on (a CPU one among them may make the native device refuse the call,
+  // and then flagos refuses it too); flagos ones must be plain to be aliased.
+  const c10::DispatchKeySet plain = plainFlagosKeys();
+  const auto plainOrOffFlagos = [&](const at::Tensor& t) {
+    return !t.defined() || !t.is_privateuseone() || plain.isSupersetOf(t.key_set());
+  };
+  if (choosesNatively({&log_probs}) && plainOrOffFlagos(targets) && plainOrOffFlagos(input_lengths) &&
+      plainOrOffFlagos(target_lengths)) {
     bool cudnn = false;
     {
       const ScopedNativeAlias native_log_probs(log_probs);
