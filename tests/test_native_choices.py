@@ -155,9 +155,10 @@ def test_ctc_loss_with_targets_on_the_device_takes_the_native_kernel(tmp_path):
 def _ctc_with_targets_on_the_cpu(device):
     # Self-contained. Two forms with int32 targets on the CPU that cuDNN's
     # list branch does not take: lengths as tensors on the device, and
-    # float64 log_probs with lengths as lists. The CPU computes both; native
-    # CUDA may refuse them (a mix of devices). Each form gives its loss and
-    # gradient, or -1 twice where ctc_loss raised.
+    # float64 log_probs with lengths as lists. The CPU computes both, and so
+    # does native CUDA (2.11: the first through cuDNN's tensor overload,
+    # whose kernel moves the targets to the GPU). Each form gives its loss
+    # and gradient, or -1 twice where ctc_loss raised.
     torch.manual_seed(3)
     steps, batch, classes, target_lengths = 20, 2, 9, [4, 6]
     results = []

@@ -230,8 +230,8 @@ at::Tensor ctcLossTensorLengths(
         log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity);
   }
   // PyTorch asks cuDNN's tensor overload whatever devices the other tensors
-  // are on (a CPU one among them may make the native device refuse the call,
-  // and then flagos refuses it too); flagos ones must be plain to be aliased.
+  // are on (its kernel takes CPU targets); flagos ones must be plain to be
+  // aliased.
   const c10::DispatchKeySet plain = plainFlagosKeys();
   const auto plainOrOffFlagos = [&](const at::Tensor& t) {
     return !t.defined() || !t.is_privateuseone() || plain.isSupersetOf(t.key_set());

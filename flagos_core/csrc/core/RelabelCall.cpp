@@ -23,8 +23,9 @@ bool isForeign(const c10::StorageImpl* storage, c10::ArrayRef<const c10::Storage
 
 // An argument that is a CPU tensor on every device, natively too: one the
 // schema names `cpu_...` (`_nested_from_padded`'s cpu_nested_shape_example),
-// and the targets of cuDNN's CTC loss with lengths as lists, which its
-// kernel reads on the host.
+// and the targets of cuDNN's CTC loss: with lengths as lists its kernel
+// reads them on the host; with lengths as tensors it moves CPU ones to the
+// GPU itself (native CUDA computes that form).
 static bool onCpuByDesign(const c10::OperatorHandle& op, size_t arg, const c10::Device& d) {
   if (!d.is_cpu()) {
     return false;
@@ -33,9 +34,8 @@ static bool onCpuByDesign(const c10::OperatorHandle& op, size_t arg, const c10::
   if (name.rfind("cpu_", 0) == 0) {
     return true;
   }
-  const c10::OperatorName& overload = op.operator_name();
-  return name == "targets" && overload.overload_name.empty() &&
-      (overload.name == "aten::_cudnn_ctc_loss" || overload.name == "aten::_use_cudnn_ctc_loss");
+  const std::string& base = op.operator_name().name;
+  return name == "targets" && (base == "aten::_cudnn_ctc_loss" || base == "aten::_use_cudnn_ctc_loss");
 }
 
 void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg) {
