@@ -4,10 +4,15 @@
 // arguments, so SDPA on flagos takes the same kernel as on the native device.
 // Redispatched straight to that kernel, not routed: the native device calls
 // its stub directly, and a routed call per attention would cost far more.
+// Tensors without memory of their own to alias (torch.compile's FakeTensors,
+// functionalization's wrappers) are asked about through stand-ins with their
+// geometry and no memory, as the native device's stub is asked about its own
+// FakeTensors.
 
 #include <flagos/Relabel.h>
 #include <flagos/Runtime.h>
 
+#include "core/Alias.h"
 #include "core/CallConstants.h"
 
 #include <ATen/ATen.h>
@@ -19,6 +24,24 @@
 
 namespace flagos {
 namespace {
+
+// A native-device tensor with `t`'s sizes, strides (symbolic ones too),
+// dtype and gradient flag, over no memory: the choice reads only these.
+at::Tensor geometryStandIn(const at::Tensor& t, c10::Device native) {
+  c10::Storage nothing(c10::Storage::use_byte_size_t(), 0, at::DataPtr(nullptr, native), nullptr, false);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(nothing), detail::keysFor(native), t.dtype());
+  impl->set_sizes_and_strides(t.sym_sizes(), t.sym_strides(), t.sym_storage_offset());
+  at::Tensor out(std::move(impl));
+  if (t.requires_grad()) {
+    out.set_requires_grad(true);
+  }
+  return out;
+}
+
+bool plainOrNone(const at::Tensor& t) {
+  return !t.defined() || t.device().type() != c10::DeviceType::PrivateUse1 ||
+      plainFlagosKeys().isSupersetOf(t.key_set());
+}
 
 int64_t nativeSdpChoice(
     const at::Tensor& query,
@@ -33,6 +56,21 @@ int64_t nativeSdpChoice(
   c10::OptionalDeviceGuard guard;
   detail::makeCurrent(c, guard, query.device()); // the choice reads the current device's properties
   const bool mask_requires_grad = attn_mask.has_value() && attn_mask->defined() && attn_mask->requires_grad();
+  if (C10_UNLIKELY(
+          !plainOrNone(query) || !plainOrNone(key) || !plainOrNone(value) ||
+          (attn_mask.has_value() && !plainOrNone(*attn_mask)))) {
+    auto standIn = [&c](const at::Tensor& t) {
+      return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1
+          ? geometryStandIn(t, c.nativeDevice(t.device().index()))
+          : t;
+    };
+    std::optional<at::Tensor> mask;
+    if (attn_mask.has_value()) {
+      mask = standIn(*attn_mask);
+    }
+    return at::_ops::_fused_sdp_choice::redispatch(
+        c.native_keys, standIn(query), standIn(key), standIn(value), mask, dropout_p, is_causal, scale, enable_gqa);
+  }
   if (C10_UNLIKELY(
           at::GradMode::is_enabled() &&
           (query.requires_grad() || key.requires_grad() || value.requires_grad() || mask_requires_grad))) {
