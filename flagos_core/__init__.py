@@ -25,6 +25,7 @@ from . import _conf  # noqa: E402
 from . import _native_backward  # noqa: E402
 from . import _distributed  # noqa: E402
 from . import _multiprocessing  # noqa: E402
+from . import _inductor  # noqa: E402
 from ._conf import ConfError, load_conf  # noqa: E402
 
 __version__ = "0.1.4"
@@ -58,6 +59,7 @@ def _setup():
     _native_backward.install()  # a clear error where PyTorch's engine cannot run a native backward
     _distributed.install()  # collectives on flagos tensors through the native device's backend
     _multiprocessing.install()  # flagos tensors shared through torch.multiprocessing
+    _inductor.install()  # torch.compile's inductor compiles flagos graphs for the native device
     _conf.configure(_PLUGINS.confs())  # routing confs and FLAGOS_LOG_DISPATCH; raises ConfError
 
 

@@ -1,19 +1,222 @@
-"""torch.compile's default backend, inductor, on flagos: a clear error.
+"""torch.compile's default backend, inductor, on flagos: code generated for
+the native device.
 
-Inductor has no code generation for flagos yet. Without a word from flagos
-it stops on `KeyError: 'flagos'` deep in its code generation; with this it
-says what is missing and which backends work (the ones that run flagos's
-eager kernels). Inductor asks a PrivateUse1 device's module (torch.flagos)
-for its code generators by name only when it compiles, so nothing here is
-imported before then.
+Inductor generates code per device type and has none for flagos. It needs
+none: a flagos tensor's memory is the native device's (`as_native`, no
+copy). Inductor traces a flagos graph as for any device (AOT autograd:
+functionalisation, decompositions, the forward/backward split), and each
+graph it then lowers (forward, backward, or inference) is handed to it for
+the native device instead: every flagos device in the graph and its fake
+values replaced by the native one. What it compiles is what it compiles for
+native tensors, with the native device's code generation. A call runs that
+code on native aliases of the flagos arguments and takes its flagos results
+back (`from_native`, no copy). Autograd stays on flagos tensors (AOT
+autograd's function around the compiled forward and backward); no native
+tensor enters an autograd graph (see _native_backward.py for why not).
+
+Hooked at torch.compile's inductor wrapper (`backend="inductor"`, the
+default, and its modes), which makes inductor's `compile_fx` hand flagos
+graphs over that way from the first flagos compile on. Graphs without flagos
+tensors compile as before. Inductor's code generators reached by another
+road still stop with MESSAGE, not a KeyError.
 """
 
+import torch
+from torch.utils import _pytree as pytree
+
+BACKEND = "flagos"
 MESSAGE = (
-    "flagos: torch.compile's default backend, inductor, has no code generation for the flagos device yet. "
-    "Compile with backend='aot_eager' (or 'eager'): the graph is captured and runs on flagos's kernels.")
+    "flagos: inductor was asked to generate code for the flagos device itself; it has none. torch.compile(model) "
+    "(inductor, the default) compiles flagos graphs for the native device; backend='aot_eager' (or 'eager') "
+    "runs the captured graph on flagos's kernels.")
 
 # The names inductor looks up on torch.flagos (torch/_inductor/codegen/common.py).
 CODEGEN_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
+
+
+def install():
+    """Wraps torch.compile's inductor backend: flagos graphs compile for the native device."""
+    wrapper = torch._TorchCompileInductorWrapper
+    if getattr(wrapper.__call__, "_flagos_native", False):
+        return
+    inductor_call = wrapper.__call__
+
+    def call(self, model_, inputs_, **kwargs):
+        if _uses_flagos(model_, inputs_):
+            _hand_flagos_graphs_to_native()
+        return inductor_call(self, model_, inputs_, **kwargs)
+
+    call._flagos_native = True
+    call.__wrapped__ = inductor_call
+    wrapper.__call__ = call
+
+
+def _hand_flagos_graphs_to_native():
+    """Wraps inductor's compile_fx (once, on the first flagos compile: importing
+    inductor is slow): for a flagos graph, its inner compiler (what lowers each
+    traced graph) gets the graph for the native device."""
+    from torch._inductor import compile_fx as module
+
+    if getattr(module.compile_fx, "_flagos_native", False):
+        return
+    compile_fx = module.compile_fx
+
+    def compile_fx_for_flagos(model_, example_inputs_, *args, **kwargs):
+        if args or not _uses_flagos(model_, example_inputs_):
+            return compile_fx(model_, example_inputs_, *args, **kwargs)
+        kwargs["inner_compile"] = NativeInnerCompile(kwargs.get("inner_compile", module.compile_fx_inner))
+        # AOT autograd's cache would store inductor's native code under the
+        # flagos graph's key, and a later hit would run it without the
+        # crossing. Inductor's own cache (of the native graphs) still serves.
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            return compile_fx(model_, example_inputs_, *args, **kwargs)
+
+    compile_fx_for_flagos._flagos_native = True
+    compile_fx_for_flagos.__wrapped__ = compile_fx
+    module.compile_fx = compile_fx_for_flagos
+
+
+def _is_flagos(value):
+    return isinstance(value, torch.Tensor) and value.device.type == BACKEND
+
+
+def _native_device(device):
+    from . import _C
+
+    return torch.device(_C._native_device_type(), 0 if device.index is None else device.index)
+
+
+def _node_value(node):
+    return node.meta.get("val", node.meta.get("example_value"))
+
+
+def _uses_flagos(gm, inputs):
+    if any(_is_flagos(x) for x in inputs):
+        return True
+    return isinstance(gm, torch.fx.GraphModule) and any(
+        _is_flagos(_node_value(n)) or _names_flagos(n.args) or _names_flagos(n.kwargs) for n in gm.graph.nodes)
+
+
+def _names_flagos(args):
+    return any(_native_constant(a) is not a for a in pytree.tree_leaves(args))
+
+
+def _native_constant(value):
+    """A device constant in the graph (torch.device or its string) on flagos: the native device's; else as it is."""
+    if isinstance(value, torch.device) and value.type == BACKEND:
+        return _native_device(value)
+    if isinstance(value, str) and (value == BACKEND or value.startswith(BACKEND + ":")):
+        return str(_native_device(torch.device(value)))
+    return value
+
+
+class NativeInnerCompile:
+    """Inductor's inner compiler for flagos graphs: lowers the graph for the
+    native device and returns code that runs on flagos tensors."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        if not _uses_flagos(gm, example_inputs):
+            return self.inner(gm, example_inputs, **kwargs)
+        native_gm, native_inputs, flagos_outputs = _graph_on_native(gm, example_inputs)
+        index = next((x.device.index for x in example_inputs if _is_flagos(x)), 0) or 0
+        return NativeCompiledGraph(self.inner(native_gm, native_inputs, **kwargs), flagos_outputs, index)
+
+
+def _graph_on_native(gm, inputs):
+    """A copy of a traced graph for the native device: device constants and
+    tensor attributes moved over, and fake values propagated afresh from the
+    inputs' native fakes. Also those fakes, and which outputs are flagos
+    tensors (on the host runtime native and CPU results look alike: only
+    these become flagos again)."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    from . import as_native
+
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    flagos_outputs = [_is_flagos(_node_value(a) if isinstance(a, torch.fx.Node) else a)
+                      for a in pytree.tree_leaves(output_node.args)]
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    native_gm = torch.fx.GraphModule(gm, graph)
+    for node in native_gm.graph.nodes:
+        node.args = pytree.tree_map(_native_constant, node.args)
+        node.kwargs = pytree.tree_map(_native_constant, node.kwargs)
+        if node.op == "get_attr" and _is_flagos(getattr(native_gm, node.target, None)):
+            _set_attribute(native_gm, node.target, as_native(getattr(native_gm, node.target)))
+    native_gm.recompile()
+    fake_mode = detect_fake_mode(inputs)
+    if fake_mode is None:  # real example inputs: their native aliases
+        return native_gm, [as_native(x) if _is_flagos(x) else x for x in inputs], flagos_outputs
+    native_inputs = _native_fakes(fake_mode, inputs)
+    with fake_mode:
+        FakeTensorProp(native_gm, mode=fake_mode).propagate_dont_convert_inputs(*native_inputs)
+    return native_gm, native_inputs, flagos_outputs
+
+
+def _set_attribute(module, target, value):
+    *owner_path, name = target.split(".")
+    owner = module
+    for part in owner_path:
+        owner = getattr(owner, part)
+    owner._parameters.pop(name, None)
+    owner._buffers.pop(name, None)
+    setattr(owner, name, value)
+
+
+def _native_fakes(fake_mode, fakes):
+    """Fake tensors on the native device in the traced graph's fake mode (so
+    symbolic sizes stay those that guards check), with the flagos fakes'
+    sizes, strides, dtypes and gradient flags, sharing memory where those
+    do (inductor must know which inputs alias)."""
+    storages = [f.untyped_storage() if _is_flagos(f) else None for f in fakes]
+    bases = {}
+    out = []
+    with fake_mode:
+        for fake, storage in zip(fakes, storages):
+            if storage is None:
+                out.append(fake)
+                continue
+            device = _native_device(fake.device)
+            if sum(1 for s in storages if s is storage) > 1:
+                base = bases.setdefault(id(storage), torch.empty(storage.nbytes(), dtype=torch.uint8, device=device))
+                native = base.view(fake.dtype).as_strided(fake.size(), fake.stride(), fake.storage_offset())
+            else:
+                native = torch.empty_strided(fake.size(), fake.stride(), dtype=fake.dtype, device=device)
+            out.append(native.requires_grad_(fake.requires_grad))
+    return out
+
+
+class NativeCompiledGraph:
+    """Inductor's compiled code for the native device, called with flagos
+    tensors (AOT autograd's boxed convention: one list of arguments)."""
+
+    def __init__(self, compiled, flagos_outputs, index):
+        # On the instance: wrappers (torch._dynamo.disable) copy its __dict__.
+        self._boxed_call = True
+        self.compiled = compiled
+        self.flagos_outputs = flagos_outputs
+        self.index = index
+
+    def __call__(self, args):
+        from . import as_native, from_native
+
+        for i, a in enumerate(args):
+            if _is_flagos(a):
+                args[i] = as_native(a)
+        if getattr(self.compiled, "_boxed_call", False):
+            results = self.compiled(args)
+        else:
+            results = self.compiled(*args)
+            args.clear()
+        leaves, spec = pytree.tree_flatten(results)
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor) and i < len(self.flagos_outputs) and self.flagos_outputs[i]:
+                leaves[i] = from_native(leaf, self.index)
+        return pytree.tree_unflatten(leaves, spec)
 
 
 class _RaisesOnUse(type):
