@@ -8,7 +8,13 @@ functionalisation, decompositions, the forward/backward split), and each
 graph it then lowers (forward, backward, or inference) is handed to it for
 the native device instead: every flagos device in the graph and its fake
 values replaced by the native one. What it compiles is what it compiles for
-native tensors, with the native device's code generation. A call runs that
+native tensors, with the native device's code generation. An op that flagos
+routes to a provider other than the runtime's own (the composite provider,
+a plugin's kernels, cpu_fallback, a user's route) stays a call through
+flagos's routing in the compiled code, as an opaque op of its own: the
+native device may have no kernel for it (CUDA has none for the CPU-named
+flash attention overloads that SDPA calls on flagos, which flagos-cuda
+serves with CUDA's flash kernels). A call runs that
 code on native aliases of the flagos arguments and takes its flagos results
 back (`from_native`, no copy). Autograd stays on flagos tensors (AOT
 autograd's function around the compiled forward and backward); no native
@@ -143,6 +149,8 @@ def _graph_on_native(gm, inputs):
     graph.output(graph.graph_copy(gm.graph, {}))
     native_gm = torch.fx.GraphModule(gm, graph)
     for node in native_gm.graph.nodes:
+        if node.op == "call_function" and _served_elsewhere(node.target):
+            node.target = _through_flagos(node.target, _flagos_tensor_mask(node))
         node.args = pytree.tree_map(_native_constant, node.args)
         node.kwargs = pytree.tree_map(_native_constant, node.kwargs)
         if node.op == "get_attr" and _is_flagos(getattr(native_gm, node.target, None)):
@@ -155,6 +163,77 @@ def _graph_on_native(gm, inputs):
     with fake_mode:
         FakeTensorProp(native_gm, mode=fake_mode).propagate_dont_convert_inputs(*native_inputs)
     return native_gm, native_inputs, flagos_outputs
+
+
+def _served_elsewhere(op):
+    """Whether flagos routes this ATen overload to a provider other than the runtime's own."""
+    from . import _C
+
+    if not isinstance(op, torch._ops.OpOverload):
+        return False
+    schema = op._schema
+    if any(a.alias_info is not None for a in list(schema.arguments) + list(schema.returns)):
+        return False  # views and writes: left to the native kernels (functionalised graphs have few)
+    try:
+        provider = _C._route(op.name())
+    except RuntimeError:  # no slot: composite, decomposes
+        return False
+    return provider != _C._default_provider()
+
+
+def _flagos_tensor_mask(node):
+    """For each tensor among a node's arguments, in order: whether it is a flagos tensor."""
+    leaves = pytree.tree_leaves((node.args, node.kwargs))
+    return tuple(_is_flagos(_node_value(x)) for x in leaves
+                 if isinstance(x, torch.fx.Node) and isinstance(_node_value(x), torch.Tensor))
+
+
+_THROUGH_FLAGOS = {}
+_LIBRARY = []
+
+
+def _through_flagos(op, mask):
+    """An opaque op with `op`'s schema whose native kernel calls `op` on the
+    flagos tensors over the same memory (those `mask` marks), so flagos's
+    routing serves it, and gives the results' native aliases back."""
+    from . import _C, as_native, from_native
+
+    key = (op, mask)
+    if key in _THROUGH_FLAGOS:
+        return _THROUGH_FLAGOS[key]
+    if not _LIBRARY:
+        _LIBRARY.append(torch.library.Library("flagos_compiled", "FRAGMENT"))
+    library = _LIBRARY[0]
+    qualified = op._schema.name.replace("::", "_")
+    name = f"{qualified}_{op._overloadname}_{''.join('1' if m else '0' for m in mask)}".replace(".", "_")
+    schema = str(op._schema)
+    library.define(name + schema[schema.index("("):])
+
+    def call(args, kwargs, to_flagos, to_native):
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        marks = iter(mask)
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor) and next(marks, False):
+                leaves[i] = to_flagos(leaf)
+        args, kwargs = pytree.tree_unflatten(leaves, spec)
+        return pytree.tree_map(lambda t: to_native(t) if _is_flagos(t) else t, op(*args, **kwargs))
+
+    def kernel(*args, **kwargs):
+        return call(args, kwargs, lambda t: from_native(t, t.device.index or 0), as_native)
+
+    def fake(*args, **kwargs):  # what the op gives for flagos tensors (the native device's kernel may not exist)
+        return call(args, kwargs, lambda t: _fake_on(t, torch.device(BACKEND, t.device.index or 0)),
+                    lambda t: _fake_on(t, _native_device(t.device)))
+
+    library.impl(name, kernel, torch._C._dispatch_key_for_device(_C._native_device_type()))
+    torch.library.register_fake(f"flagos_compiled::{name}", fake, lib=library)
+    through = getattr(torch.ops.flagos_compiled, name).default
+    _THROUGH_FLAGOS[key] = through
+    return through
+
+
+def _fake_on(t, device):
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
 
 
 def _set_attribute(module, target, value):

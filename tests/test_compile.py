@@ -162,6 +162,35 @@ def test_inductor_graphs_match_the_native_devices():
     assert torch.equal(want, got.cpu())
 
 
+def test_ops_routed_elsewhere_stay_calls_through_flagos():
+    # An op flagos routes to a provider other than the runtime's own stays a
+    # call through flagos in the compiled code. Integer histc on the host
+    # runtime: CPU has no kernel for it, the composite provider counts as
+    # CUDA's kernel does. A user's route is kept too.
+    torch._dynamo.reset()
+    x = torch.randint(0, 10, (64,), dtype=torch.int32).to("flagos")
+
+    def count(t):
+        return torch.histc(t + 1, bins=5, min=1, max=10) * 2
+
+    want = count(x)
+    with flagos_core.trace() as t:
+        got = torch.compile(count)(x)
+    assert torch.equal(got.cpu(), want.cpu())
+    assert {p for (op, p) in t.counts if op.startswith("histc")} == {flagos_core.route("aten::histc")}
+
+    torch._dynamo.reset()
+    flagos_core.set_route("aten::mm", "cpu_fallback")
+    try:
+        a, b = torch.randn(4, 8), torch.randn(8, 3)
+        with flagos_core.trace() as t:
+            got = torch.compile(lambda p, q: (p @ q).relu())(a.to("flagos"), b.to("flagos"))
+        assert torch.equal(got.cpu(), (a @ b).relu())
+        assert t.fallbacks == ["mm"]
+    finally:
+        flagos_core.clear_route("aten::mm")
+
+
 def test_inductor_code_generation_for_flagos_itself_says_what_works():
     # Inductor generates no code for flagos itself; asked for it (by a road
     # other than torch.compile) it says so and what works, not a KeyError.

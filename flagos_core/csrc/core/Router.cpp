@@ -277,6 +277,12 @@ KernelProvider* findProvider(const std::string& name) {
   return r.providerLocked(name);
 }
 
+std::string defaultProviderName() {
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.default_provider != nullptr ? r.default_provider->name() : std::string();
+}
+
 std::vector<std::string> providerNames() {
   Router& r = router();
   std::lock_guard<std::mutex> lock(r.mutex);

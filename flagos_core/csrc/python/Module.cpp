@@ -122,6 +122,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_empty_cache", [] { activeRuntime().allocator()->emptyCache(); });
 
   m.def("_providers", &providerNames);
+  m.def("_default_provider", &defaultProviderName);
   m.def("_route", &routeOf);
   m.def("_route_layer", &routeLayerOf);
   m.def("_set_route", &setRoute);

@@ -34,6 +34,8 @@ FLAGOS_API void clearRoute(const std::string& overload);
 // The provider every unrouted overload goes to (the active runtime's native
 // provider); cpu_fallback serves what that one cannot.
 FLAGOS_API void setDefaultProvider(const std::string& provider);
+// Its name ("" before a runtime sets one).
+FLAGOS_API std::string defaultProviderName();
 
 // Every overload that has a slot now (generated ones first).
 FLAGOS_API std::vector<std::string> slotNames();
