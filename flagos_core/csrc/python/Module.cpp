@@ -7,6 +7,7 @@
 #include "core/Collectives.h"
 #include "core/ProcessSharing.h"
 #include "host/HostRuntime.h"
+#include "python/CompiledCalls.h"
 #include "python/CrashBacktrace.h"
 #include "python/PythonProvider.h"
 #include "python/RecurrentSteps.h"
@@ -83,6 +84,8 @@ PYBIND11_MODULE(_C, m) {
                 c10::DeviceTypeName(activeRuntime().nativeDeviceType(), true), " tensor, got ", t.device());
     return adoptNative(t, static_cast<c10::DeviceIndex>(index));
   });
+  m.def("_native_arguments_in_place", &nativeArgumentsInPlace);
+  m.def("_flagos_results_in_place", &flagosResultsInPlace);
   m.def("_serve_collectives", &serveCollectives);
   m.def("_wrapped_native_bytes", &wrappedNativeBytes);
   m.def("_move_storage_onto", &moveStorageOnto);
