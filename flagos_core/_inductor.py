@@ -150,7 +150,9 @@ def _graph_on_native(gm, inputs):
     native_gm = torch.fx.GraphModule(gm, graph)
     for node in native_gm.graph.nodes:
         if node.op == "call_function" and _served_elsewhere(node.target):
-            node.target = _through_flagos(node.target, _flagos_tensor_mask(node))
+            mask = _flagos_tensor_mask(node)
+            if any(mask):  # factories (no flagos tensor in) are the native device's
+                node.target = _through_flagos(node.target, mask)
         node.args = pytree.tree_map(_native_constant, node.args)
         node.kwargs = pytree.tree_map(_native_constant, node.kwargs)
         if node.op == "get_attr" and _is_flagos(getattr(native_gm, node.target, None)):

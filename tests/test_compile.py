@@ -179,6 +179,19 @@ def test_ops_routed_elsewhere_stay_calls_through_flagos():
     assert torch.equal(got.cpu(), want.cpu())
     assert {p for (op, p) in t.counts if op.startswith("histc")} == {flagos_core.route("aten::histc")}
 
+    # A factory flagos's core serves (empty) has no flagos tensor to pass
+    # through: it stays the native device's (transformers' mixture-of-experts
+    # layers invert a permutation this way).
+    torch._dynamo.reset()
+
+    def invert(perm):
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+        return inverse
+
+    perm = torch.randperm(16, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(torch.compile(invert)(perm.to("flagos")).cpu(), invert(perm))
+
     torch._dynamo.reset()
     flagos_core.set_route("aten::mm", "cpu_fallback")
     try:
