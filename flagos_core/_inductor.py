@@ -132,13 +132,12 @@ class NativeInnerCompile:
 
 
 def _graph_on_native(gm, inputs):
-    """A copy of a traced graph for the native device: device constants and
-    tensor attributes moved over, and fake values propagated afresh from the
-    inputs' native fakes. Also those fakes, and which outputs are flagos
-    tensors (on the host runtime native and CPU results look alike: only
-    these become flagos again)."""
+    """A copy of a traced graph for the native device: device constants,
+    tensor attributes and every node's fake value moved over. Also the
+    example inputs so moved, and which outputs are flagos tensors (on the
+    host runtime native and CPU results look alike: only these become flagos
+    again)."""
     from torch._guards import detect_fake_mode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     from . import as_native
 
@@ -161,10 +160,11 @@ def _graph_on_native(gm, inputs):
     fake_mode = detect_fake_mode(inputs)
     if fake_mode is None:  # real example inputs: their native aliases
         return native_gm, [as_native(x) if _is_flagos(x) else x for x in inputs], flagos_outputs
-    native_inputs = _native_fakes(fake_mode, inputs)
-    with fake_mode:
-        FakeTensorProp(native_gm, mode=fake_mode).propagate_dont_convert_inputs(*native_inputs)
-    return native_gm, native_inputs, flagos_outputs
+    on_native = _FakesOnNative()
+    for node in native_gm.graph.nodes:
+        if "val" in node.meta:
+            node.meta["val"] = pytree.tree_map(on_native, node.meta["val"])
+    return native_gm, [on_native(x) for x in inputs], flagos_outputs
 
 
 def _served_elsewhere(op):
@@ -248,27 +248,35 @@ def _set_attribute(module, target, value):
     setattr(owner, name, value)
 
 
-def _native_fakes(fake_mode, fakes):
-    """Fake tensors on the native device in the traced graph's fake mode (so
-    symbolic sizes stay those that guards check), with the flagos fakes'
-    sizes, strides, dtypes and gradient flags, sharing memory where those
-    do (inductor must know which inputs alias)."""
-    storages = [f.untyped_storage() if _is_flagos(f) else None for f in fakes]
-    bases = {}
-    out = []
-    with fake_mode:
-        for fake, storage in zip(fakes, storages):
-            if storage is None:
-                out.append(fake)
-                continue
-            device = _native_device(fake.device)
-            if sum(1 for s in storages if s is storage) > 1:
-                base = bases.setdefault(id(storage), torch.empty(storage.nbytes(), dtype=torch.uint8, device=device))
-                native = base.view(fake.dtype).as_strided(fake.size(), fake.stride(), fake.storage_offset())
-            else:
-                native = torch.empty_strided(fake.size(), fake.stride(), dtype=fake.dtype, device=device)
-            out.append(native.requires_grad_(fake.requires_grad))
-    return out
+class _FakesOnNative:
+    """A flagos fake tensor as the same fake on the native device: a new
+    FakeTensor over the same meta memory, so sizes (symbolic ones too),
+    strides and shared memory stay exactly as traced. Not traced afresh:
+    meta kernels choose strides by device type (CPU's convolutions keep
+    channels_last), and the graph's views were traced with flagos's. One
+    fake gives one native fake, so identities hold (an example input is
+    its placeholder's value)."""
+
+    def __init__(self):
+        self.made = {}
+
+    def __call__(self, value):
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if not (isinstance(value, FakeTensor) and _is_flagos(value)):
+            return value
+        found = self.made.get(id(value))
+        if found is None:
+            from torch.utils._mode_utils import no_dispatch
+
+            with no_dispatch():  # a meta tensor over the fake's own (meta) memory
+                elem = torch.empty(0, device="meta", dtype=value.dtype)
+                elem.set_(value.untyped_storage(), value.storage_offset(), value.size(), value.stride())
+            native = FakeTensor(value.fake_mode, elem, _native_device(value.device))
+            if native.requires_grad != value.requires_grad and native.is_leaf:
+                native.requires_grad_(value.requires_grad)
+            found = self.made[id(value)] = (value, native)  # holds `value`: its id stays its own
+        return found[1]
 
 
 class NativeCompiledGraph:

@@ -162,6 +162,29 @@ def test_inductor_graphs_match_the_native_devices():
     assert torch.equal(want, got.cpu())
 
 
+@on_host
+def test_inductor_trains_a_conv_net_it_lays_out_channels_last():
+    # Inductor gives a convolution-heavy graph's inputs channels_last
+    # strides; the graph's views were traced with flagos's strides. Tracing
+    # the fakes afresh on the native device broke a view (CPU's meta kernels
+    # keep channels_last); the fakes are carried over as traced instead.
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    native = ResNetForImageClassification(ResNetConfig(hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1],
+                                                       embedding_size=8))
+    flagos = copy.deepcopy(native).to("flagos")
+    pixels, labels = torch.randn(2, 3, 32, 32), torch.tensor([0, 1])
+    want = torch.compile(native)(pixel_values=pixels, labels=labels)
+    got = torch.compile(flagos)(pixel_values=pixels.to("flagos"), labels=labels.to("flagos"))
+    want.loss.backward()
+    got.loss.backward()
+    assert torch.equal(got.logits.cpu(), want.logits)
+    for n, f in zip(native.parameters(), flagos.parameters()):
+        assert torch.equal(f.grad.cpu(), n.grad)
+
+
 def test_ops_routed_elsewhere_stay_calls_through_flagos():
     # An op flagos routes to a provider other than the runtime's own stays a
     # call through flagos in the compiled code. Integer histc on the host
