@@ -38,11 +38,6 @@ at::Tensor geometryStandIn(const at::Tensor& t, c10::Device native) {
   return out;
 }
 
-bool plainOrNone(const at::Tensor& t) {
-  return !t.defined() || t.device().type() != c10::DeviceType::PrivateUse1 ||
-      plainFlagosKeys().isSupersetOf(t.key_set());
-}
-
 int64_t nativeSdpChoice(
     const at::Tensor& query,
     const at::Tensor& key,
@@ -57,8 +52,8 @@ int64_t nativeSdpChoice(
   detail::makeCurrent(c, guard, query.device()); // the choice reads the current device's properties
   const bool mask_requires_grad = attn_mask.has_value() && attn_mask->defined() && attn_mask->requires_grad();
   if (C10_UNLIKELY(
-          !plainOrNone(query) || !plainOrNone(key) || !plainOrNone(value) ||
-          (attn_mask.has_value() && !plainOrNone(*attn_mask)))) {
+          !plainFlagosOrOther(query) || !plainFlagosOrOther(key) || !plainFlagosOrOther(value) ||
+          (attn_mask.has_value() && !plainFlagosOrOther(*attn_mask)))) {
     auto standIn = [&c](const at::Tensor& t) {
       return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1
           ? geometryStandIn(t, c.nativeDevice(t.device().index()))

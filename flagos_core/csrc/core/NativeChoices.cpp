@@ -232,12 +232,8 @@ at::Tensor ctcLossTensorLengths(
   // PyTorch asks cuDNN's tensor overload whatever devices the other tensors
   // are on (its kernel takes CPU targets); flagos ones must be plain to be
   // aliased.
-  const c10::DispatchKeySet plain = plainFlagosKeys();
-  const auto plainOrOffFlagos = [&](const at::Tensor& t) {
-    return !t.defined() || !t.is_privateuseone() || plain.isSupersetOf(t.key_set());
-  };
-  if (choosesNatively({&log_probs}) && plainOrOffFlagos(targets) && plainOrOffFlagos(input_lengths) &&
-      plainOrOffFlagos(target_lengths)) {
+  if (choosesNatively({&log_probs}) && plainFlagosOrOther(targets) && plainFlagosOrOther(input_lengths) &&
+      plainFlagosOrOther(target_lengths)) {
     bool cudnn = false;
     {
       const ScopedNativeAlias native_log_probs(log_probs);

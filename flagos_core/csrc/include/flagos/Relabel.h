@@ -21,6 +21,12 @@ inline c10::DispatchKeySet plainFlagosKeys() {
   return keys;
 }
 
+// Whether `t` is undefined, not a flagos tensor, or a plain flagos tensor:
+// whether a native kernel may take it as it is or through an alias.
+inline bool plainFlagosOrOther(const at::Tensor& t) {
+  return !t.defined() || !t.is_privateuseone() || plainFlagosKeys().isSupersetOf(t.key_set());
+}
+
 // A native-device alias of a flagos tensor (same StorageImpl, same geometry).
 FLAGOS_API at::Tensor toNative(const at::Tensor& flagos_tensor, c10::Device native);
 // toNative for a flagos tensor on its device's native device; any other
