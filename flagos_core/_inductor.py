@@ -22,7 +22,7 @@ tensor enters an autograd graph (see _native_backward.py for why not).
 
 Hooked at torch.compile's inductor wrapper (`backend="inductor"`, the
 default, and its modes), which makes inductor's `compile_fx` hand flagos
-graphs over that way from the first flagos compile on. Graphs without flagos
+graphs over that way from the first inductor compile on. Graphs without flagos
 tensors compile as before. Inductor's code generators reached by another
 road still stop with MESSAGE, not a KeyError.
 """
@@ -48,8 +48,7 @@ def install():
     inductor_call = wrapper.__call__
 
     def call(self, model_, inputs_, **kwargs):
-        if _uses_flagos(model_, inputs_):
-            _hand_flagos_graphs_to_native()
+        _hand_flagos_graphs_to_native()  # the call imports inductor's compile_fx anyway
         return inductor_call(self, model_, inputs_, **kwargs)
 
     call._flagos_native = True
@@ -58,9 +57,10 @@ def install():
 
 
 def _hand_flagos_graphs_to_native():
-    """Wraps inductor's compile_fx (once, on the first flagos compile: importing
-    inductor is slow): for a flagos graph, its inner compiler (what lowers each
-    traced graph) gets the graph for the native device."""
+    """Wraps inductor's compile_fx (once, on the first inductor compile: not
+    at flagos's import, importing inductor is slow): for a flagos graph, its
+    inner compiler (what lowers each traced graph) gets the graph for the
+    native device; other graphs pass through."""
     from torch._inductor import compile_fx as module
 
     if getattr(module.compile_fx, "_flagos_native", False):
@@ -303,16 +303,14 @@ class NativeCompiledGraph:
         else:
             results = self.compiled(*args)
             args.clear()
-        if type(results) in (list, tuple):
-            kind = type(results)
-            leaves = list(results)
-            del results  # so that results nothing else holds are taken over, not wrapped
-            _C._flagos_results_in_place(leaves, self.flagos_positions, self.index)
-            return leaves if kind is list else tuple(leaves)
-        leaves, spec = pytree.tree_flatten(results)
-        del results
+        if type(results) in (list, tuple):  # the usual: no pytree walk
+            leaves, rebuild = list(results), type(results)
+        else:
+            leaves, spec = pytree.tree_flatten(results)
+            rebuild = lambda done: pytree.tree_unflatten(done, spec)  # noqa: E731
+        del results  # so that results nothing else holds are taken over, not wrapped
         _C._flagos_results_in_place(leaves, self.flagos_positions, self.index)
-        return pytree.tree_unflatten(leaves, spec)
+        return rebuild(leaves)
 
 
 class _RaisesOnUse(type):
