@@ -27,6 +27,8 @@ tensors compile as before. Inductor's code generators reached by another
 road still stop with MESSAGE, not a KeyError.
 """
 
+import copy
+
 import torch
 from torch.utils import _pytree as pytree
 
@@ -87,9 +89,15 @@ def _is_flagos(value):
 
 
 def _native_device(device):
+    """The native device a flagos device's tensors alias, named as the native
+    tensors name it: CPU's have no index (so the graph is the one CPU's own
+    compile makes, and inductor's cache serves both)."""
     from . import _C
 
-    return torch.device(_C._native_device_type(), 0 if device.index is None else device.index)
+    native_type = _C._native_device_type()
+    if native_type == "cpu":
+        return torch.device("cpu")
+    return torch.device(native_type, 0 if device.index is None else device.index)
 
 
 def _node_value(node):
@@ -144,9 +152,14 @@ def _graph_on_native(gm, inputs):
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
     flagos_outputs = [_is_flagos(_node_value(a) if isinstance(a, torch.fx.Node) else a)
                       for a in pytree.tree_leaves(output_node.args)]
-    graph = torch.fx.Graph()
+    # A copy that pickles as the original would (its class name, tracer and
+    # code generator), so that where flagos's graph is the native device's
+    # (the host runtime), inductor's cache key is the same and one entry
+    # serves both.
+    graph = torch.fx.Graph(tracer_cls=gm.graph._tracer_cls, tracer_extras=gm.graph._tracer_extras)
+    graph._codegen = copy.deepcopy(gm.graph._codegen)
     graph.output(graph.graph_copy(gm.graph, {}))
-    native_gm = torch.fx.GraphModule(gm, graph)
+    native_gm = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
     for node in native_gm.graph.nodes:
         if node.op == "call_function" and _served_elsewhere(node.target):
             mask = _flagos_tensor_mask(node)
@@ -157,6 +170,7 @@ def _graph_on_native(gm, inputs):
         if node.op == "get_attr" and _is_flagos(getattr(native_gm, node.target, None)):
             _set_attribute(native_gm, node.target, as_native(getattr(native_gm, node.target)))
     native_gm.recompile()
+    _attributes_in_order_of(native_gm, gm)
     fake_mode = detect_fake_mode(inputs)
     if fake_mode is None:  # real example inputs: their native aliases
         return native_gm, [as_native(x) if _is_flagos(x) else x for x in inputs], flagos_outputs
@@ -165,6 +179,16 @@ def _graph_on_native(gm, inputs):
         if "val" in node.meta:
             node.meta["val"] = pytree.tree_map(on_native, node.meta["val"])
     return native_gm, [on_native(x) for x in inputs], flagos_outputs
+
+
+def _attributes_in_order_of(copied, original):
+    """Orders the copy's attributes as the original's (those the original
+    lacks last): a module pickles its attributes in their order."""
+    ours = copied.__dict__
+    ordered = {name: ours[name] for name in original.__dict__ if name in ours}
+    ordered.update((name, value) for name, value in ours.items() if name not in ordered)
+    ours.clear()
+    ours.update(ordered)
 
 
 def _served_elsewhere(op):

@@ -163,6 +163,31 @@ def test_inductor_graphs_match_the_native_devices():
 
 
 @on_host
+def test_inductor_compiles_a_flagos_graph_as_the_cpu_graph_it_stands_for():
+    # On the host runtime a flagos graph, handed over for the native device,
+    # is the graph CPU's own compile makes (CPU tensors' device has no index):
+    # inductor's cache, filled by the CPU compile, serves the flagos one.
+    from torch._dynamo.utils import counters
+    from torch._inductor import config
+    from torch._inductor.utils import fresh_cache
+
+    def fn(x):
+        return torch.nn.functional.gelu(x @ x.T).sum(-1)
+
+    x = torch.randn(6, 5)
+    torch._dynamo.reset()
+    with fresh_cache(), config.patch(fx_graph_cache=True):
+        counters.clear()
+        want = torch.compile(fn)(x)
+        assert counters["inductor"]["fxgraph_cache_miss"] == 1
+        torch._dynamo.reset()
+        got = torch.compile(fn)(x.to("flagos"))
+        assert counters["inductor"]["fxgraph_cache_hit"] == 1
+        assert counters["inductor"]["fxgraph_cache_miss"] == 1
+    assert got.device.type == "flagos" and torch.equal(got.cpu(), want)
+
+
+@on_host
 def test_inductor_trains_a_conv_net_it_lays_out_channels_last():
     # Inductor gives a convolution-heavy graph's inputs channels_last
     # strides; the graph's views were traced with flagos's strides. Tracing
