@@ -354,8 +354,15 @@ class InductorUnsupported(metaclass=_RaisesOnUse):
 def codegen_attribute():
     """What torch.flagos gives for each of CODEGEN_NAMES; also gives inductor
     the device-op table it reads before any generator (so it reaches ours)."""
-    from torch._inductor.codegen.common import register_device_op_overrides
+    from torch._inductor.codegen import common
+
+    # Torch's own tables first: before torch 2.13, inductor fills them on
+    # its first lookup only while none is registered, so an entry of ours
+    # made first left CUDA without its own (CUDA's generated code then got
+    # CPU's device guard, a syntax error). Also before importing CPU's
+    # module, which registers CPU's table as it loads.
+    common.get_device_op_overrides("cpu")
     from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
 
-    register_device_op_overrides("flagos", CpuDeviceOpOverrides())
+    common.register_device_op_overrides("flagos", CpuDeviceOpOverrides())
     return InductorUnsupported

@@ -259,3 +259,22 @@ def test_inductor_code_generation_for_flagos_itself_says_what_works():
         torch.flagos.Scheduling(None)
     # Asking torch.flagos for anything else is still an ordinary AttributeError.
     assert not hasattr(torch.flagos, "no_such_name")
+
+
+def test_the_native_devices_keep_their_own_inductor_device_tables():
+    # flagos gives inductor a device-op table of its own. Made in a fresh
+    # process before inductor's first lookup (when torch.compile first looks
+    # for flagos's code generators), it must leave CPU's and CUDA's tables
+    # theirs: torch before 2.13 filled them only while none was registered,
+    # and CUDA's generated code got CPU's device guard, a syntax error.
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, flagos_core\n"
+        "from torch._inductor.codegen.common import init_backend_registration, get_device_op_overrides\n"
+        "init_backend_registration()\n"
+        "print(*(type(get_device_op_overrides(d)).__name__ for d in ('cpu', 'cuda', 'flagos')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["CpuDeviceOpOverrides", "CUDADeviceOpOverrides", "CpuDeviceOpOverrides"]
