@@ -358,9 +358,9 @@ def codegen_attribute():
 
     # Torch's own tables first: before torch 2.13, inductor fills them on
     # its first lookup only while none is registered, so an entry of ours
-    # made first left CUDA without its own (CUDA's generated code then got
-    # CPU's device guard, a syntax error). Also before importing CPU's
-    # module, which registers CPU's table as it loads.
+    # made first left CUDA without its own (on a GPU with torch 2.11, every
+    # CUDA graph compiled in the process then failed to import). Also before
+    # importing CPU's module, which registers CPU's table as it loads.
     common.get_device_op_overrides("cpu")
     from torch._inductor.codegen.cpu_device_op_overrides import CpuDeviceOpOverrides
 

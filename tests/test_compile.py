@@ -266,7 +266,7 @@ def test_the_native_devices_keep_their_own_inductor_device_tables():
     # process before inductor's first lookup (when torch.compile first looks
     # for flagos's code generators), it must leave CPU's and CUDA's tables
     # theirs: torch before 2.13 filled them only while none was registered,
-    # and CUDA's generated code got CPU's device guard, a syntax error.
+    # and CUDA's generated code then failed to import (a syntax error).
     import subprocess
     import sys
 
