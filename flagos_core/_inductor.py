@@ -90,14 +90,12 @@ def _is_flagos(value):
 
 def _native_device(device):
     """The native device a flagos device's tensors alias, named as the native
-    tensors name it: CPU's have no index (so the graph is the one CPU's own
-    compile makes, and inductor's cache serves both)."""
+    tensors name it (the runtime knows: CPU's have no index), so the graph is
+    the one the native device's own compile makes and inductor's cache serves
+    both."""
     from . import _C
 
-    native_type = _C._native_device_type()
-    if native_type == "cpu":
-        return torch.device("cpu")
-    return torch.device(native_type, 0 if device.index is None else device.index)
+    return _C._native_device(0 if device.index is None else device.index)
 
 
 def _node_value(node):

@@ -94,6 +94,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_has_runtime", &hasActiveRuntime);
   m.def("_runtime_name", [] { return activeRuntime().name(); });
   m.def("_native_device_type", [] { return c10::DeviceTypeName(activeRuntime().nativeDeviceType(), true); });
+  // The native device that flagos device `index` aliases, as its tensors name it (CPU's has no index).
+  m.def("_native_device", [](int index) { return activeRuntime().nativeDevice(static_cast<c10::DeviceIndex>(index)); });
   m.def("_device_count", [] { return hasActiveRuntime() ? static_cast<int>(activeRuntime().deviceCount()) : 0; });
   m.def("_current_device", [] { return static_cast<int>(activeRuntime().getDevice().index()); });
   m.def("_set_device", [](int index) {
