@@ -28,22 +28,13 @@ device, steps, tiny = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 if device == "flagos":
     import flagos_core  # noqa: F401
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+sys.path.insert(0, os.environ["FLAGOS_BENCHMARKS"])
+from compiled_qwen3 import build
 
-if tiny:
-    sizes = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                 intermediate_size=128, vocab_size=512)
-    dtype, batch, seq = torch.float32, 2, 32
-else:
-    sizes = dict(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
-                 head_dim=128, intermediate_size=3072, vocab_size=151936)
-    dtype, batch, seq = torch.bfloat16, 4, 512
-torch.manual_seed(0)
-config = Qwen3Config(**sizes, tie_word_embeddings=True, attn_implementation="sdpa")
-model = Qwen3ForCausalLM(config).to(dtype).to(device)
+model, vocab, (batch, seq) = build("tiny" if tiny else "bench", device)
 step_fn = torch.compile(model)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-ids = torch.randint(0, sizes["vocab_size"], (steps + 3, batch, seq), generator=torch.Generator().manual_seed(0))
+ids = torch.randint(0, vocab, (steps + 3, batch, seq), generator=torch.Generator().manual_seed(0))
 sync = getattr(torch, "flagos" if device == "flagos" else device, None)
 
 def step(batch_ids):
@@ -72,7 +63,7 @@ print(json.dumps({"step_s": statistics.median(blocks), "compile_s": compile_s, "
 
 
 def run_side(device, steps, tiny):
-    env = dict(os.environ)
+    env = dict(os.environ, FLAGOS_BENCHMARKS=os.path.dirname(os.path.abspath(__file__)))
     if device != "flagos":  # a native backward cannot run where flagos is registered
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     out = subprocess.run([sys.executable, "-c", CHILD, device, str(steps), "1" if tiny else "0"],

@@ -34,7 +34,6 @@ if device == "flagos":
 import torch
 from torch._inductor import compile_fx as inductor_compile
 from torch._inductor.graph import GraphLowering
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 graphs, codes = [], []
 lower = inductor_compile._compile_fx_inner
@@ -46,20 +45,13 @@ def recording_lower(gm, example_inputs, **kwargs):
 inductor_compile._compile_fx_inner = recording_lower
 GraphLowering.save_output_code = staticmethod(codes.append)
 
-if size == "tiny":
-    sizes = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                 intermediate_size=128, vocab_size=512)
-    dtype, batch, seq = torch.float32, 2, 32
-else:
-    sizes = dict(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
-                 head_dim=128, intermediate_size=3072, vocab_size=151936)
-    dtype, batch, seq = torch.bfloat16, 4, 512
-torch.manual_seed(0)
-config = Qwen3Config(**sizes, tie_word_embeddings=True, attn_implementation="sdpa", initializer_range=0.2)
-model = Qwen3ForCausalLM(config).to(dtype).to(device)
+sys.path.insert(0, os.environ["FLAGOS_BENCHMARKS"])
+from compiled_qwen3 import build
+
+model, vocab, (batch, seq) = build(size, device)
 step_fn = torch.compile(model)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
-ids = torch.randint(0, sizes["vocab_size"], (steps + 1, batch, seq), generator=torch.Generator().manual_seed(0))
+ids = torch.randint(0, vocab, (steps + 1, batch, seq), generator=torch.Generator().manual_seed(0))
 
 def step(x):
     loss = step_fn(input_ids=x, labels=x).loss
@@ -88,7 +80,8 @@ with open(os.path.join(out, device + ".json"), "w") as f:
 
 
 def run_side(device, args, out):
-    env = dict(os.environ, TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
+    env = dict(os.environ, TORCHINDUCTOR_FORCE_DISABLE_CACHES="1",
+               FLAGOS_BENCHMARKS=os.path.dirname(os.path.abspath(__file__)))
     if device != "flagos":
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     done = subprocess.run([sys.executable, "-c", CHILD, device, args.size, str(args.steps), out],
