@@ -11,10 +11,11 @@ trains `--steps` AdamW steps, recording
   it: on flagos, the graph already moved to the native device;
 - the code inductor generates for each (its caches off, so it generates);
 - the losses and the parameters after the last step;
-- on a GPU, one more step under the profiler: kernels run and their time.
+- five more steps timed, then one under the profiler: host time by entry
+  and (on a GPU) kernels run and their time.
 Then prints what differs: graphs and code as unified diffs (the first lines
-of each), which results differ and by how much, and the kernel tables side by
-side. flagos hands inductor its graphs for the native device, so every
+of each), which results differ and by how much, step times, and the host
+and kernel tables side by side. flagos hands inductor its graphs for the native device, so every
 difference here is one to explain.
 """
 
@@ -63,19 +64,27 @@ def step(x):
 losses = [step(ids[i].to(device)) for i in range(steps)]
 torch.save({"losses": [l.cpu() for l in losses], "params": {n: p.detach().cpu() for n, p in model.named_parameters()}},
            os.path.join(out, device + ".pt"))
-kernels = {}
-if torch.cuda.is_available():
-    from torch.profiler import ProfilerActivity, profile
-    x = ids[steps].to(device)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step(x)
-        torch.cuda.synchronize()
-    for e in prof.key_averages():
-        if e.device_time_total > 0:
-            kernels[e.key] = [e.count, e.device_time_total]
+from torch.profiler import ProfilerActivity, profile
+gpu = torch.cuda.is_available()
+sync = torch.cuda.synchronize if gpu else (lambda: None)
+x = ids[steps].to(device)
+sync()
+start = time.perf_counter()
+for _ in range(5):
+    step(x)
+sync()
+step_ms = (time.perf_counter() - start) / 5 * 1e3
+with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])) as prof:
+    step(x)
+    sync()
+kernels, host = {}, {}
+for e in prof.key_averages():
+    if e.device_time_total > 0 and e.self_cpu_time_total == 0:
+        kernels[e.key] = [e.count, e.device_time_total]
+    elif e.self_cpu_time_total > 0:
+        host[e.key] = [e.count, e.self_cpu_time_total]
 with open(os.path.join(out, device + ".json"), "w") as f:
-    json.dump({"graphs": graphs, "codes": codes, "kernels": kernels}, f)
+    json.dump({"graphs": graphs, "codes": codes, "kernels": kernels, "host": host, "step_ms": step_ms}, f)
 """
 
 
@@ -117,6 +126,19 @@ def compare_results(out, native_name):
         print(f"  {name}: max abs difference {worst:.3g}")
 
 
+def compare_host(native, flagos, native_name, top):
+    """The profiled step's host time by entry (self CPU time), the largest differences first."""
+    a, b = native["host"], flagos["host"]
+    print(f"unprofiled step, wall time: {native_name} {native['step_ms']:.2f} ms, flagos {flagos['step_ms']:.2f} ms; "
+          f"profiled step, host self time: {native_name} {sum(t for _, t in a.values()) / 1e3:.2f} ms, "
+          f"flagos {sum(t for _, t in b.values()) / 1e3:.2f} ms")
+    names = sorted(set(a) | set(b), key=lambda k: -abs(b.get(k, [0, 0])[1] - a.get(k, [0, 0])[1]))
+    print(f"{'host entry':<60}{native_name + ' n':>8}{native_name + ' us':>11}{'flagos n':>9}{'flagos us':>11}")
+    for name in names[:top]:
+        x, y = a.get(name, [0, 0.0]), b.get(name, [0, 0.0])
+        print(f"{name[:58]:<60}{x[0]:>8}{x[1]:>11.1f}{y[0]:>9}{y[1]:>11.1f}")
+
+
 def compare_kernels(native, flagos, native_name, top):
     if not native:
         return
@@ -151,6 +173,7 @@ def main(argv=None):
     show_diffs("graph", native["graphs"], flagos["graphs"], native_name, args.lines)
     show_diffs("code", native["codes"], flagos["codes"], native_name, args.lines)
     compare_results(out, native_name)
+    compare_host(native, flagos, native_name, args.top)
     compare_kernels(native["kernels"], flagos["kernels"], native_name, args.top)
     return 0
 

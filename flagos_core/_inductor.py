@@ -82,6 +82,46 @@ def _hand_flagos_graphs_to_native():
     compile_fx_for_flagos._flagos_native = True
     compile_fx_for_flagos.__wrapped__ = compile_fx
     module.compile_fx = compile_fx_for_flagos
+    module.joint_graph_passes = _passes_on_native(module.joint_graph_passes)
+
+
+def _passes_on_native(joint_graph_passes):
+    """Inductor's joint-graph passes (run on the forward and backward graph
+    before it is split) for a flagos graph: run with the graph's fake values
+    on the native device, then put back. Some passes choose by device type:
+    on a GPU a batch-1 bmm becomes an mm (which cuBLAS computes with other
+    rounding), and the flagos graph must get what the native one gets. Not
+    where the graph also holds tensors of the native device itself (CPU ones,
+    on the host runtime): a pass could no longer tell them from flagos's, and
+    would take a copy between the two for a no-op."""
+
+    def passes(gm, input_device=None):
+        if not _uses_flagos(gm, ()) or _holds_native_tensors(gm):
+            return joint_graph_passes(gm, input_device)
+        to_native = _FakesOnDevice(_is_flagos, lambda value: _native_device(value.device))
+        _map_values(gm, to_native)
+        if input_device is not None and input_device.type == BACKEND:
+            input_device = _native_device(input_device)
+        gm = joint_graph_passes(gm, input_device)
+        _map_values(gm, to_native.inverse())
+        return gm
+
+    passes.__wrapped__ = joint_graph_passes
+    return passes
+
+
+def _holds_native_tensors(gm):
+    from . import _C
+
+    native_type = _C._native_device_type()
+    return any(isinstance(value, torch.Tensor) and value.device.type == native_type
+               for node in gm.graph.nodes for value in pytree.tree_leaves(node.meta.get("val")))
+
+
+def _map_values(gm, mover):
+    for node in gm.graph.nodes:
+        if "val" in node.meta:
+            node.meta["val"] = pytree.tree_map(mover, node.meta["val"])
 
 
 def _is_flagos(value):
@@ -172,10 +212,8 @@ def _graph_on_native(gm, inputs):
     fake_mode = detect_fake_mode(inputs)
     if fake_mode is None:  # real example inputs: their native aliases
         return native_gm, [as_native(x) if _is_flagos(x) else x for x in inputs], flagos_outputs
-    on_native = _FakesOnNative()
-    for node in native_gm.graph.nodes:
-        if "val" in node.meta:
-            node.meta["val"] = pytree.tree_map(on_native, node.meta["val"])
+    on_native = _FakesOnDevice(_is_flagos, lambda value: _native_device(value.device))
+    _map_values(native_gm, on_native)
     return native_gm, [on_native(x) for x in inputs], flagos_outputs
 
 
@@ -270,22 +308,24 @@ def _set_attribute(module, target, value):
     setattr(owner, name, value)
 
 
-class _FakesOnNative:
-    """A flagos fake tensor as the same fake on the native device: a new
-    FakeTensor over the same meta memory, so sizes (symbolic ones too),
-    strides and shared memory stay exactly as traced. Not traced afresh:
-    meta kernels choose strides by device type (CPU's convolutions keep
-    channels_last), and the graph's views were traced with flagos's. One
-    fake gives one native fake, so identities hold (an example input is
-    its placeholder's value)."""
+class _FakesOnDevice:
+    """A fake tensor that `moves` says moves, as the same fake on another
+    device (`device_for` of it): a new FakeTensor over the same meta memory,
+    so sizes (symbolic ones too), strides and shared memory stay exactly as
+    traced. Not traced afresh: meta kernels choose strides by device type
+    (CPU's convolutions keep channels_last), and the graph's views were
+    traced with flagos's. One fake gives one moved fake, so identities hold
+    (an example input is its placeholder's value)."""
 
-    def __init__(self):
+    def __init__(self, moves, device_for):
+        self.moves = moves
+        self.device_for = device_for
         self.made = {}
 
     def __call__(self, value):
         from torch._subclasses.fake_tensor import FakeTensor
 
-        if not (isinstance(value, FakeTensor) and _is_flagos(value)):
+        if not (isinstance(value, FakeTensor) and self.moves(value)):
             return value
         found = self.made.get(id(value))
         if found is None:
@@ -294,11 +334,23 @@ class _FakesOnNative:
             with no_dispatch():  # a meta tensor over the fake's own (meta) memory
                 elem = torch.empty(0, device="meta", dtype=value.dtype)
                 elem.set_(value.untyped_storage(), value.storage_offset(), value.size(), value.stride())
-            native = FakeTensor(value.fake_mode, elem, _native_device(value.device))
-            if native.requires_grad != value.requires_grad and native.is_leaf:
-                native.requires_grad_(value.requires_grad)
-            found = self.made[id(value)] = (value, native)  # holds `value`: its id stays its own
+            moved = FakeTensor(value.fake_mode, elem, self.device_for(value))
+            if moved.requires_grad != value.requires_grad and moved.is_leaf:
+                moved.requires_grad_(value.requires_grad)
+            found = self.made[id(value)] = (value, moved)  # holds `value`: its id stays its own
         return found[1]
+
+    def inverse(self):
+        """The move back from the native device to flagos: a fake made here
+        gives the one it was made from, a fake on the native device made
+        since (by a pass) a flagos one (so the graph must have held no native
+        tensors of its own)."""
+        originals = [original for original, _ in self.made.values()]
+        flagos = originals[0].device if originals else torch.device(BACKEND, 0)
+        native_type = _native_device(flagos).type
+        back = _FakesOnDevice(lambda value: value.device.type == native_type, lambda value: flagos)
+        back.made = {id(moved): (moved, original) for original, moved in self.made.values()}
+        return back
 
 
 class NativeCompiledGraph:

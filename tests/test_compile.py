@@ -187,6 +187,33 @@ def test_inductor_compiles_a_flagos_graph_as_the_cpu_graph_it_stands_for():
     assert got.device.type == "flagos" and torch.equal(got.cpu(), want)
 
 
+def test_inductor_joint_graph_passes_see_the_native_device():
+    # Inductor's joint-graph passes run before the forward and backward are
+    # split, and some choose by device type (on a GPU a batch-1 bmm becomes
+    # an mm: other rounding). On a flagos graph they see the native device's
+    # values, as on the native graph; flagos's own come back after them.
+    from torch._inductor import config
+
+    seen = []
+
+    def record(graph):  # a custom joint pass: the devices of the graph's values
+        seen.extend(n.meta["val"].device.type for n in graph.nodes if isinstance(n.meta.get("val"), torch.Tensor))
+
+    torch._dynamo.reset()
+    model = make("flagos")
+    x = torch.randn(8, 16).to("flagos")
+    with config.patch(joint_custom_pre_pass=record):
+        loss = torch.compile(model)(x).pow(2).mean()
+        loss.backward()
+    assert seen and set(seen) == {flagos_core._C._native_device_type()}
+    eager = make("flagos")
+    eager(x).pow(2).mean().backward()
+    assert loss.device.type == "flagos"
+    for p, e in zip(model.parameters(), eager.parameters()):
+        assert p.grad.device.type == "flagos"
+        torch.testing.assert_close(p.grad.cpu(), e.grad.cpu())
+
+
 @on_host
 def test_inductor_trains_a_conv_net_it_lays_out_channels_last():
     # Inductor gives a convolution-heavy graph's inputs channels_last
