@@ -95,14 +95,13 @@ def _passes_on_native(joint_graph_passes):
     on the host runtime): a pass could no longer tell them from flagos's, and
     would take a copy between the two for a no-op."""
 
-    def passes(gm, input_device=None):
+    def passes(gm, *args, **kwargs):
         if not _uses_flagos(gm, ()) or _holds_native_tensors(gm):
-            return joint_graph_passes(gm, input_device)
+            return joint_graph_passes(gm, *args, **kwargs)
         to_native = _FakesOnDevice(_is_flagos, lambda value: _native_device(value.device))
         _map_values(gm, to_native)
-        if input_device is not None and input_device.type == BACKEND:
-            input_device = _native_device(input_device)
-        gm = joint_graph_passes(gm, input_device)
+        args, kwargs = pytree.tree_map(_native_constant, (args, kwargs))  # the input device, where given
+        gm = joint_graph_passes(gm, *args, **kwargs)
         _map_values(gm, to_native.inverse())
         return gm
 
