@@ -7,8 +7,12 @@ copy). Inductor traces a flagos graph as for any device (AOT autograd:
 functionalisation, decompositions, the forward/backward split), and each
 graph it then lowers (forward, backward, or inference) is handed to it for
 the native device instead: every flagos device in the graph and its fake
-values replaced by the native one. What it compiles is what it compiles for
-native tensors, with the native device's code generation. An op that flagos
+values replaced by the native one. Its joint-graph passes, which rewrite the
+traced graph before the split and choose by device type, see the native
+device's fake values too. The decompositions applied while tracing still
+see flagos tensors (for a GPU that is the same choice: flagos is not CPU).
+What it compiles is what it compiles for native tensors, with the native
+device's code generation. An op that flagos
 routes to a provider other than the runtime's own (the composite provider,
 a plugin's kernels, cpu_fallback, a user's route) stays a call through
 flagos's routing in the compiled code, as an opaque op of its own: the
