@@ -2,7 +2,7 @@
 same run on the native device: each side in a fresh process of its own
 (a native backward cannot run where flagos is registered), then compared.
 
-    python benchmarks/diff_compiled.py [--size tiny|bench] [--steps 3] [--out DIR]
+    python benchmarks/diff_compiled.py [--size tiny|bench] [--steps 3] [--deterministic] [--out DIR]
 
 Each side compiles a Qwen3 (`tiny`: the tests' float32 model, batch 2 x 32;
 `bench`: bench_compiled.py's 0.6B widths, 4 layers, bf16, batch 4 x 512) and
@@ -29,10 +29,11 @@ import tempfile
 
 CHILD = r"""
 import json, os, sys, time
-device, size, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+device, size, steps, out, deterministic = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
 if device == "flagos":
     import flagos_core  # noqa: F401
 import torch
+torch.use_deterministic_algorithms(deterministic)
 from torch._inductor import compile_fx as inductor_compile
 from torch._inductor.graph import GraphLowering
 
@@ -95,7 +96,8 @@ def run_side(device, args, out):
                FLAGOS_BENCHMARKS=os.path.dirname(os.path.abspath(__file__)))
     if device != "flagos":
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-    done = subprocess.run([sys.executable, "-c", CHILD, device, args.size, str(args.steps), out],
+    done = subprocess.run([sys.executable, "-c", CHILD, device, args.size, str(args.steps), out,
+                           "1" if args.deterministic else "0"],
                           capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise SystemExit(f"the {device} side failed:\n{done.stderr[-4000:]}")
@@ -166,6 +168,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=("tiny", "bench"), default="tiny")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--deterministic", action="store_true",
+                        help="torch.use_deterministic_algorithms on both sides (native CUDA's bf16 run "
+                             "is not reproducible against itself without it)")
     parser.add_argument("--lines", type=int, default=40, help="lines of each unified diff shown")
     parser.add_argument("--top", type=int, default=15, help="kernels shown beyond those whose counts differ")
     parser.add_argument("--out", help="where each side leaves its records (default: a temporary folder)")
@@ -176,7 +181,8 @@ def main(argv=None):
     out = args.out or tempfile.mkdtemp(prefix="flagos-diff-compiled-")
     os.makedirs(out, exist_ok=True)
     native, flagos = run_side(native_name, args, out), run_side("flagos", args, out)
-    print(f"compiled Qwen3 training ({args.size}), {args.steps} steps, {native_name} against flagos; records in {out}")
+    print(f"compiled Qwen3 training ({args.size}{', deterministic algorithms' if args.deterministic else ''}), "
+          f"{args.steps} steps, {native_name} against flagos; records in {out}")
     show_diffs("graph", native["graphs"], flagos["graphs"], native_name, args.lines)
     show_diffs("code", [without_kernel_paths(c) for c in native["codes"]],
                [without_kernel_paths(c) for c in flagos["codes"]], native_name, args.lines)
