@@ -102,7 +102,7 @@ def _passes_on_native(joint_graph_passes):
     def passes(gm, *args, **kwargs):
         if not _uses_flagos(gm, ()) or _holds_native_tensors(gm):
             return joint_graph_passes(gm, *args, **kwargs)
-        to_native = _FakesOnDevice(_is_flagos, lambda value: _native_device(value.device))
+        to_native = _FakesOnDevice.to_native()
         _map_values(gm, to_native)
         args, kwargs = pytree.tree_map(_native_constant, (args, kwargs))  # the input device, where given
         gm = joint_graph_passes(gm, *args, **kwargs)
@@ -215,7 +215,7 @@ def _graph_on_native(gm, inputs):
     fake_mode = detect_fake_mode(inputs)
     if fake_mode is None:  # real example inputs: their native aliases
         return native_gm, [as_native(x) if _is_flagos(x) else x for x in inputs], flagos_outputs
-    on_native = _FakesOnDevice(_is_flagos, lambda value: _native_device(value.device))
+    on_native = _FakesOnDevice.to_native()
     _map_values(native_gm, on_native)
     return native_gm, [on_native(x) for x in inputs], flagos_outputs
 
@@ -343,14 +343,21 @@ class _FakesOnDevice:
             found = self.made[id(value)] = (value, moved)  # holds `value`: its id stays its own
         return found[1]
 
+    @classmethod
+    def to_native(cls):
+        """Flagos fakes moved to the native device they alias."""
+        return cls(_is_flagos, lambda value: _native_device(value.device))
+
     def inverse(self):
         """The move back from the native device to flagos: a fake made here
         gives the one it was made from, a fake on the native device made
         since (by a pass) a flagos one (so the graph must have held no native
         tensors of its own)."""
+        from . import _C
+
         originals = [original for original, _ in self.made.values()]
         flagos = originals[0].device if originals else torch.device(BACKEND, 0)
-        native_type = _native_device(flagos).type
+        native_type = _C._native_device_type()
         back = _FakesOnDevice(lambda value: value.device.type == native_type, lambda value: flagos)
         back.made = {id(moved): (moved, original) for original, moved in self.made.values()}
         return back
