@@ -26,6 +26,29 @@ def test_arithmetic_matches_the_native_device_bitwise(native_device):
     assert torch.equal(torch.softmax(fa, -1).cpu(), torch.softmax(a, -1).cpu())
 
 
+@pytest.mark.native
+def test_new_memory_reads_as_on_the_native_device_under_deterministic_algorithms(native_device):
+    # With deterministic algorithms, the native devices fill new memory (NaN,
+    # an integer type's largest value) so that a read of memory never written
+    # shows; flagos's own allocation kernels must do the same.
+    def made(device):
+        like = torch.zeros(3, device=device)
+        return [torch.empty(5, device=device), torch.empty(2, 3, dtype=torch.int64, device=device),
+                torch.empty_strided((2, 2), (1, 2), dtype=torch.float16, device=device), torch.empty_like(like),
+                like.new_empty(4, dtype=torch.bool)]
+
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert torch.utils.deterministic.fill_uninitialized_memory
+        for got, want in zip(made(torch.device("flagos")), made(native_device)):
+            assert got.device.type == "flagos"
+            assert got.dtype == want.dtype and got.stride() == want.stride()
+            torch.testing.assert_close(got.cpu(), want.cpu(), rtol=0, atol=0, equal_nan=True)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
 def test_views_share_memory():
     x = torch.zeros(4, 4, device="flagos")
     v = x.view(16)[3:7]

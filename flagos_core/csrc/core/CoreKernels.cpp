@@ -10,6 +10,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/ATen.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/is_set_to_native.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -28,6 +29,18 @@ c10::DeviceIndex targetIndex(const detail::CallConstants& c, std::optional<c10::
 
 const c10::DispatchKeySet kFlagosKeys(c10::DispatchKey::PrivateUse1);
 
+// As the native devices' empty kernels do: with deterministic algorithms on
+// (and torch.utils.deterministic.fill_uninitialized_memory, the default), new
+// memory reads NaN (the largest value for integers), so a read of memory
+// never written shows the same values as on the native device.
+at::Tensor filledIfDeterministic(at::Tensor t) {
+  const at::Context& context = at::globalContext();
+  if (C10_UNLIKELY(context.deterministicAlgorithms() && context.deterministicFillUninitializedMemory())) {
+    at::native::fill_empty_deterministic_(t);
+  }
+  return t;
+}
+
 at::Tensor empty(
     c10::IntArrayRef size,
     std::optional<c10::ScalarType> dtype,
@@ -42,7 +55,7 @@ at::Tensor empty(
   detail::makeCurrent(c, guard, c10::Device(c10::DeviceType::PrivateUse1, index));
   at::Tensor t = at::detail::empty_generic(
       size, c.allocator, kFlagosKeys, c10::dtype_or_default(dtype), memory_format);
-  return t;
+  return filledIfDeterministic(std::move(t));
 }
 
 at::Tensor emptyStrided(
@@ -59,7 +72,7 @@ at::Tensor emptyStrided(
   detail::makeCurrent(c, guard, c10::Device(c10::DeviceType::PrivateUse1, index));
   at::Tensor t = at::detail::empty_strided_generic(
       size, stride, c.allocator, kFlagosKeys, c10::dtype_or_default(dtype));
-  return t;
+  return filledIfDeterministic(std::move(t));
 }
 
 bool shareOneStorage(const at::Tensor& a, const at::Tensor& b) {
