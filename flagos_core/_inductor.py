@@ -24,6 +24,9 @@ back (`from_native`, no copy). Autograd stays on flagos tensors (AOT
 autograd's function around the compiled forward and backward); no native
 tensor enters an autograd graph (see _native_backward.py for why not).
 
+AOT autograd's cache serves flagos graphs too: an entry records what the
+crossing needs, and a hit puts it back (_CachedCrossing).
+
 Hooked at torch.compile's inductor wrapper (`backend="inductor"`, the
 default, and its modes), which makes inductor's `compile_fx` hand flagos
 graphs over that way from the first inductor compile on. Graphs without flagos
@@ -77,9 +80,12 @@ def _hand_flagos_graphs_to_native():
         if args or not _uses_flagos(model_, example_inputs_):
             return compile_fx(model_, example_inputs_, *args, **kwargs)
         kwargs["inner_compile"] = NativeInnerCompile(kwargs.get("inner_compile", module.compile_fx_inner))
-        # AOT autograd's cache would store inductor's native code under the
-        # flagos graph's key, and a later hit would run it without the
-        # crossing. Inductor's own cache (of the native graphs) still serves.
+        if _aot_cache_keeps_the_crossing():
+            return compile_fx(model_, example_inputs_, *args, **kwargs)
+        # Where AOT autograd's cache cannot keep the crossing (another torch,
+        # or its bundled entries, which hold the compiled code itself), a hit
+        # would run inductor's native code without it: off for flagos graphs.
+        # Inductor's own cache (of the native graphs) still serves.
         with torch._functorch.config.patch(enable_autograd_cache=False):
             return compile_fx(model_, example_inputs_, *args, **kwargs)
 
@@ -87,6 +93,92 @@ def _hand_flagos_graphs_to_native():
     compile_fx_for_flagos.__wrapped__ = compile_fx
     module.compile_fx = compile_fx_for_flagos
     module.joint_graph_passes = _passes_on_native(module.joint_graph_passes)
+
+
+def _aot_cache_keeps_the_crossing():
+    """Whether AOT autograd's cache may serve flagos graphs: its entries
+    (unbundled, they name inductor's cache entries of the native graphs)
+    then carry what the crossing needs, and a hit puts the crossing back
+    (_CachedCrossing). False where this torch's cache is not the one these
+    hooks know, or bundles the compiled code into its entries."""
+    try:
+        from torch._functorch._aot_autograd import autograd_cache
+        from torch._functorch._aot_autograd.aot_autograd_result import GenericAOTAutogradResult
+    except ImportError:
+        return False
+    if not _CachedCrossing.install(autograd_cache, GenericAOTAutogradResult):
+        return False
+    return not autograd_cache.should_bundle_autograd_cache()
+
+
+class _CachedCrossing:
+    """AOT autograd's cache for flagos graphs. An entry names inductor's
+    cache entries of the native forward and backward graphs, which know
+    nothing of flagos; the entry made for a flagos graph also records which
+    outputs become flagos tensors and the ops called through flagos
+    (_through_flagos; a fresh process must define them before the code that
+    calls them loads). On a hit the native graphs load with the native
+    device's example inputs, as they compiled, and are wrapped in
+    NativeCompiledGraph again. An entry of a flagos graph without that
+    record, or made by another flagos, counts as a miss."""
+
+    installed = None
+
+    @classmethod
+    def install(cls, autograd_cache, result_class):
+        if cls.installed is not None:
+            return cls.installed
+        make_entry = getattr(autograd_cache.AOTAutogradCache, "make_entry", None)
+        load = getattr(result_class, "_load_and_post_compile", None)
+        miss = getattr(autograd_cache, "FXGraphCacheMiss", None)
+        cls.installed = make_entry is not None and load is not None and miss is not None
+        if cls.installed:
+            autograd_cache.AOTAutogradCache.make_entry = staticmethod(cls.recording(make_entry))
+            result_class._load_and_post_compile = cls.restoring(load, miss)
+        return cls.installed
+
+    @staticmethod
+    def recording(make_entry):
+        def make(*args, **kwargs):
+            entry = make_entry(*args, **kwargs)
+            forward = kwargs.get("compiled_fw_func", args[0] if args else None)
+            backward = kwargs.get("compiled_bw_func", args[1] if len(args) > 1 else None)
+            crossing = getattr(forward, "_flagos_crossing", None)
+            if crossing is not None:
+                from . import __version__
+
+                entry._flagos_crossing = dict(
+                    version=__version__, forward=crossing,
+                    backward=None if backward is None else getattr(backward, "_flagos_crossing"))
+            return entry
+
+        make.__wrapped__ = make_entry
+        return make
+
+    @staticmethod
+    def restoring(load_and_post_compile, miss):
+        def load(self, args, fx_config):
+            from . import __version__
+
+            if not any(_is_flagos(x) for x in args):
+                return load_and_post_compile(self, args, fx_config)
+            crossing = getattr(self, "_flagos_crossing", None)
+            if crossing is None or crossing["version"] != __version__:
+                raise miss()
+            for side in (crossing["forward"], crossing["backward"]):
+                for namespace_name, overload, mask in (side or {}).get("through", ()):
+                    namespace, name = namespace_name.split("::")
+                    _through_flagos(getattr(getattr(getattr(torch.ops, namespace), name), overload), tuple(mask))
+            index = _flagos_index(args)
+            forward, backward, needs_autograd = load_and_post_compile(self, _on_native(args), fx_config)
+            forward = NativeCompiledGraph(forward, crossing["forward"]["positions"], index, crossing["forward"]["through"])
+            if backward is not None:
+                side = crossing["backward"]
+                backward = NativeCompiledGraph(backward, side["positions"], index, side["through"])
+            return forward, backward, needs_autograd
+
+        load.__wrapped__ = load_and_post_compile
+        return load
 
 
 def _passes_on_native(joint_graph_passes):
@@ -175,17 +267,35 @@ class NativeInnerCompile:
     def __call__(self, gm, example_inputs, **kwargs):
         if not _uses_flagos(gm, example_inputs):
             return self.inner(gm, example_inputs, **kwargs)
-        native_gm, native_inputs, flagos_outputs = _graph_on_native(gm, example_inputs)
-        index = next((x.device.index for x in example_inputs if _is_flagos(x)), 0) or 0
-        return NativeCompiledGraph(self.inner(native_gm, native_inputs, **kwargs), flagos_outputs, index)
+        native_gm, native_inputs, flagos_outputs, through = _graph_on_native(gm, example_inputs)
+        positions = [i for i, flagos in enumerate(flagos_outputs) if flagos]
+        return NativeCompiledGraph(self.inner(native_gm, native_inputs, **kwargs), positions,
+                                   _flagos_index(example_inputs), through)
+
+
+def _flagos_index(inputs):
+    return next((x.device.index for x in inputs if _is_flagos(x)), 0) or 0
+
+
+def _on_native(inputs):
+    """Example inputs (fake or real) moved to the native device they alias."""
+    from torch._guards import detect_fake_mode
+
+    from . import as_native
+
+    if detect_fake_mode(inputs) is None:  # real example inputs: their native aliases
+        return [as_native(x) if _is_flagos(x) else x for x in inputs]
+    on_native = _FakesOnDevice.to_native()
+    return [on_native(x) for x in inputs]
 
 
 def _graph_on_native(gm, inputs):
     """A copy of a traced graph for the native device: device constants,
     tensor attributes and every node's fake value moved over. Also the
-    example inputs so moved, and which outputs are flagos tensors (on the
-    host runtime native and CPU results look alike: only these become flagos
-    again)."""
+    example inputs so moved, which outputs are flagos tensors (on the host
+    runtime native and CPU results look alike: only these become flagos
+    again), and the ops it calls through flagos (_through_flagos's
+    arguments)."""
     from torch._guards import detect_fake_mode
 
     from . import as_native
@@ -201,10 +311,12 @@ def _graph_on_native(gm, inputs):
     graph._codegen = copy.deepcopy(gm.graph._codegen)
     graph.output(graph.graph_copy(gm.graph, {}))
     native_gm = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    through = []
     for node in native_gm.graph.nodes:
         if node.op == "call_function" and _served_elsewhere(node.target):
             mask = _flagos_tensor_mask(node)
             if any(mask):  # factories (no flagos tensor in) are the native device's
+                through.append((node.target._schema.name, node.target._overloadname, mask))
                 node.target = _through_flagos(node.target, mask)
         node.args = pytree.tree_map(_native_constant, node.args)
         node.kwargs = pytree.tree_map(_native_constant, node.kwargs)
@@ -214,10 +326,10 @@ def _graph_on_native(gm, inputs):
     _attributes_in_order_of(native_gm, gm)
     fake_mode = detect_fake_mode(inputs)
     if fake_mode is None:  # real example inputs: their native aliases
-        return native_gm, [as_native(x) if _is_flagos(x) else x for x in inputs], flagos_outputs
+        return native_gm, [as_native(x) if _is_flagos(x) else x for x in inputs], flagos_outputs, through
     on_native = _FakesOnDevice.to_native()
     _map_values(native_gm, on_native)
-    return native_gm, [on_native(x) for x in inputs], flagos_outputs
+    return native_gm, [on_native(x) for x in inputs], flagos_outputs, through
 
 
 def _attributes_in_order_of(copied, original):
@@ -369,12 +481,21 @@ class NativeCompiledGraph:
     the call may empty). The conversions run in C++: a training step of a
     small model passes about a hundred tensors each way."""
 
-    def __init__(self, compiled, flagos_outputs, index):
+    # What AOT autograd's cache reads of inductor's compiled graph when it
+    # makes an entry (the native graph's entry in inductor's cache).
+    CACHE_ATTRIBUTES = ("_fx_graph_cache_key", "_fx_graph_cache_debug_lines", "guards_expr", "_time_taken_ns")
+
+    def __init__(self, compiled, flagos_positions, index, through=()):
         # On the instance: wrappers (torch._dynamo.disable) copy its __dict__.
         self._boxed_call = True
         self.compiled = compiled
-        self.flagos_positions = [i for i, flagos in enumerate(flagos_outputs) if flagos]
+        self.flagos_positions = list(flagos_positions)
         self.index = index
+        # What a cache entry needs to put the crossing back (_CachedCrossing).
+        self._flagos_crossing = dict(positions=self.flagos_positions, through=list(through))
+        for name in self.CACHE_ATTRIBUTES:
+            if hasattr(compiled, name):
+                setattr(self, name, getattr(compiled, name))
 
     def __call__(self, args):
         from . import _C

@@ -305,3 +305,70 @@ def test_the_native_devices_keep_their_own_inductor_device_tables():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["CpuDeviceOpOverrides", "CUDADeviceOpOverrides", "CpuDeviceOpOverrides"]
+
+
+CACHED_COMPILES = r"""
+import json, sys
+import torch, flagos_core
+from torch._dynamo.utils import counters
+
+torch._functorch.config.bundled_autograd_cache = sys.argv[2] == "bundled"
+
+def make(device):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to(device)
+
+model = make("flagos")
+x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+loss = torch.compile(model)(x.to("flagos")).pow(2).mean()
+loss.backward()
+counts = torch.compile(lambda t: torch.histc(t + 1, bins=5, min=1, max=10) * 2)(
+    torch.arange(64, dtype=torch.int32).remainder(10).to("flagos"))
+with torch.no_grad():  # the native device's own compile of the same model (inference: saved once compiled)
+    native = torch.compile(make(sys.argv[1]))(x.to(sys.argv[1]))
+print(json.dumps(dict(
+    cache={k: v for k, v in counters["aot_autograd"].items() if k.startswith("autograd_cache")},
+    devices=[loss.device.type, counts.device.type] + [p.grad.device.type for p in model.parameters()],
+    native_device=native.device.type,
+    loss=loss.item(), grads=[p.grad.cpu().tolist() for p in model.parameters()], counts=counts.cpu().tolist())))
+"""
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("entries", ["unbundled", "bundled"])
+def test_a_warm_start_takes_flagos_graphs_from_aot_autograds_cache(tmp_path, native_device, entries):
+    # AOT autograd's cache serves flagos graphs as it serves the native
+    # device's: a second process skips tracing them. Its entries name the
+    # native graphs' compiled code, so a hit must put the crossing back
+    # (flagos tensors in and out, ops routed elsewhere called through flagos,
+    # defined afresh in the new process); the native device's own compile of
+    # the same model, sharing the cache, must stay native. Where flagos
+    # cannot keep the crossing in an entry (bundled entries hold the compiled
+    # code itself; a torch whose cache flagos does not know), flagos graphs
+    # are neither saved nor served, and the warm process traces them again.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from flagos_core._inductor import _aot_cache_keeps_the_crossing
+
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", CACHED_COMPILES, native_device.type, entries],
+                             capture_output=True, text=True, timeout=600, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    cold, warm = run(), run()
+    cached = 3 if entries == "unbundled" and _aot_cache_keeps_the_crossing() else 1  # else the native model's only
+    assert cold["cache"].get("autograd_cache_hit", 0) == 0
+    assert cold["cache"].get("autograd_cache_saved", 0) == cached  # training, histc, the native model
+    assert warm["cache"].get("autograd_cache_hit", 0) == cached and warm["cache"].get("autograd_cache_miss", 0) == 0
+    for found in (cold, warm):
+        assert set(found["devices"]) == {"flagos"} and found["native_device"] == native_device.type
+    for key in ("loss", "grads", "counts"):
+        assert warm[key] == cold[key], key
+    x = torch.arange(64, dtype=torch.int32).remainder(10)
+    assert cold["counts"] == (torch.histc(x.float() + 1, bins=5, min=1, max=10) * 2).tolist()
