@@ -92,7 +92,9 @@ def main(argv=None):
         for side in order:
             results[side].append(pair[side])
         ratios.append(pair[native]["step_s"] / pair["flagos"]["step_s"])
-        print(f"  pair {p + 1}/{args.pairs} ({order[0]} first): {ratios[-1]:.3f}", flush=True)
+        compiles = ", ".join(f"{side} {pair[side]['compile_s']:.1f}" for side in order)
+        print(f"  pair {p + 1}/{args.pairs} ({order[0]} first): {ratios[-1]:.3f}; compile+3 steps s: {compiles}",
+              flush=True)
     tokens = results[native][0]["tokens"]
     rate = {side: statistics.median(tokens / r["step_s"] for r in rs) for side, rs in results.items()}
     compile_s = {side: statistics.median(r["compile_s"] for r in rs) for side, rs in results.items()}

@@ -143,13 +143,11 @@ class _CachedCrossing:
             entry = make_entry(*args, **kwargs)
             forward = kwargs.get("compiled_fw_func", args[0] if args else None)
             backward = kwargs.get("compiled_bw_func", args[1] if len(args) > 1 else None)
-            crossing = getattr(forward, "_flagos_crossing", None)
-            if crossing is not None:
+            sides = [getattr(graph, "_flagos_crossing", None) for graph in (forward, backward)]
+            if sides != [None, None]:  # a graph handed over as a flagos graph (else left as it is)
                 from . import __version__
 
-                entry._flagos_crossing = dict(
-                    version=__version__, forward=crossing,
-                    backward=None if backward is None else getattr(backward, "_flagos_crossing"))
+                entry._flagos_crossing = dict(version=__version__, forward=sides[0], backward=sides[1])
             return entry
 
         make.__wrapped__ = make_entry
@@ -171,11 +169,13 @@ class _CachedCrossing:
                     _through_flagos(getattr(getattr(getattr(torch.ops, namespace), name), overload), tuple(mask))
             index = _flagos_index(args)
             forward, backward, needs_autograd = load_and_post_compile(self, _on_native(args), fx_config)
-            forward = NativeCompiledGraph(forward, crossing["forward"]["positions"], index, crossing["forward"]["through"])
-            if backward is not None:
-                side = crossing["backward"]
-                backward = NativeCompiledGraph(backward, side["positions"], index, side["through"])
-            return forward, backward, needs_autograd
+
+            def crossed(graph, side):
+                if graph is None or side is None:  # compiled without the crossing: loaded so too
+                    return graph
+                return NativeCompiledGraph(graph, side["positions"], index, side["through"])
+
+            return crossed(forward, crossing["forward"]), crossed(backward, crossing["backward"]), needs_autograd
 
         load.__wrapped__ = load_and_post_compile
         return load
