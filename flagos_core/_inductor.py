@@ -102,11 +102,10 @@ def _aot_cache_keeps_the_crossing():
     (_CachedCrossing). False where this torch's cache is not the one these
     hooks know, or bundles the compiled code into its entries."""
     try:
-        from torch._functorch._aot_autograd import autograd_cache
-        from torch._functorch._aot_autograd.aot_autograd_result import GenericAOTAutogradResult
+        from torch._functorch._aot_autograd import aot_autograd_result, autograd_cache
     except ImportError:
         return False
-    if not _CachedCrossing.install(autograd_cache, GenericAOTAutogradResult):
+    if not _CachedCrossing.install(autograd_cache, aot_autograd_result):
         return False
     return not autograd_cache.should_bundle_autograd_cache()
 
@@ -114,71 +113,84 @@ def _aot_cache_keeps_the_crossing():
 class _CachedCrossing:
     """AOT autograd's cache for flagos graphs. An entry names inductor's
     cache entries of the native forward and backward graphs, which know
-    nothing of flagos; the entry made for a flagos graph also records which
-    outputs become flagos tensors and the ops called through flagos
-    (_through_flagos; a fresh process must define them before the code that
-    calls them loads). On a hit the native graphs load with the native
-    device's example inputs, as they compiled, and are wrapped in
-    NativeCompiledGraph again. An entry of a flagos graph without that
-    record, or made by another flagos, counts as a miss."""
+    nothing of flagos; for a flagos graph, each side's record in the entry
+    also says which outputs become flagos tensors and which ops it calls
+    through flagos (_through_flagos; a fresh process must define them before
+    the code that calls them loads). On a hit each side loads with the
+    native device's example inputs, as it compiled, and is wrapped in
+    NativeCompiledGraph again. A side of a flagos graph without that record,
+    or recorded by another flagos, counts as a miss."""
 
     installed = None
 
     @classmethod
-    def install(cls, autograd_cache, result_class):
+    def install(cls, autograd_cache, results):
         if cls.installed is not None:
             return cls.installed
-        make_entry = getattr(autograd_cache.AOTAutogradCache, "make_entry", None)
-        load = getattr(result_class, "_load_and_post_compile", None)
+        cache = getattr(autograd_cache, "AOTAutogradCache", None)
+        loadable = getattr(results, "FxGraphCacheLoadable", None)
         miss = getattr(autograd_cache, "FXGraphCacheMiss", None)
-        cls.installed = make_entry is not None and load is not None and miss is not None
+        cls.installed = (cache is not None and hasattr(cache, "make_entry") and miss is not None
+                         and all(callable(getattr(loadable, name, None)) for name in ("load", "post_compile")))
         if cls.installed:
-            autograd_cache.AOTAutogradCache.make_entry = staticmethod(cls.recording(make_entry))
-            result_class._load_and_post_compile = cls.restoring(load, miss)
+            cache.make_entry = staticmethod(cls.recording(cache.make_entry))
+            loadable.load = cls.loading(loadable.load, miss)
+            loadable.post_compile = cls.crossing_back(loadable.post_compile)
         return cls.installed
 
     @staticmethod
     def recording(make_entry):
         def make(*args, **kwargs):
             entry = make_entry(*args, **kwargs)
-            forward = kwargs.get("compiled_fw_func", args[0] if args else None)
-            backward = kwargs.get("compiled_bw_func", args[1] if len(args) > 1 else None)
-            sides = [getattr(graph, "_flagos_crossing", None) for graph in (forward, backward)]
-            if sides != [None, None]:  # a graph handed over as a flagos graph (else left as it is)
+            graphs = (kwargs.get("compiled_fw_func", args[0] if args else None),
+                      kwargs.get("compiled_bw_func", args[1] if len(args) > 1 else None))
+            records = [getattr(graph, "_flagos_crossing", None) for graph in graphs]
+            if records != [None, None]:  # a flagos graph's: both sides recorded, None for one left native
                 from . import __version__
 
-                entry._flagos_crossing = dict(version=__version__, forward=sides[0], backward=sides[1])
+                for side, record in zip((entry.compiled_fw, entry.compiled_bw), records):
+                    if side is not None:
+                        side._flagos_crossing = dict(version=__version__, crossing=record)
             return entry
 
         make.__wrapped__ = make_entry
         return make
 
     @staticmethod
-    def restoring(load_and_post_compile, miss):
-        def load(self, args, fx_config):
+    def loading(load, miss):
+        def load_side(self, example_inputs):
             from . import __version__
 
-            if not any(_is_flagos(x) for x in args):
-                return load_and_post_compile(self, args, fx_config)
-            crossing = getattr(self, "_flagos_crossing", None)
-            if crossing is None or crossing["version"] != __version__:
+            self._flagos_index = None
+            if not any(_is_flagos(x) for x in example_inputs):
+                return load(self, example_inputs)
+            record = getattr(self, "_flagos_crossing", None)
+            if record is None or record["version"] != __version__:
                 raise miss()
-            for side in (crossing["forward"], crossing["backward"]):
-                for namespace_name, overload, mask in (side or {}).get("through", ()):
-                    namespace, name = namespace_name.split("::")
-                    _through_flagos(getattr(getattr(getattr(torch.ops, namespace), name), overload), tuple(mask))
-            index = _flagos_index(args)
-            forward, backward, needs_autograd = load_and_post_compile(self, _on_native(args), fx_config)
+            crossing = record["crossing"]
+            if crossing is None:  # compiled without the crossing: loaded so too
+                return load(self, example_inputs)
+            for namespace_name, overload, mask in crossing["through"]:
+                namespace, name = namespace_name.split("::")
+                _through_flagos(getattr(getattr(getattr(torch.ops, namespace), name), overload), tuple(mask))
+            self._flagos_index = _flagos_index(example_inputs)
+            return load(self, _on_native(example_inputs))
 
-            def crossed(graph, side):
-                if graph is None or side is None:  # compiled without the crossing: loaded so too
-                    return graph
-                return NativeCompiledGraph(graph, side["positions"], index, side["through"])
+        load_side.__wrapped__ = load
+        return load_side
 
-            return crossed(forward, crossing["forward"]), crossed(backward, crossing["backward"]), needs_autograd
+    @staticmethod
+    def crossing_back(post_compile):
+        def post_compile_side(self, result, fx_config):
+            result = post_compile(self, result, fx_config)
+            index = getattr(self, "_flagos_index", None)
+            if index is None:
+                return result
+            crossing = self._flagos_crossing["crossing"]
+            return NativeCompiledGraph(result, crossing["positions"], index, crossing["through"])
 
-        load.__wrapped__ = load_and_post_compile
-        return load
+        post_compile_side.__wrapped__ = post_compile
+        return post_compile_side
 
 
 def _passes_on_native(joint_graph_passes):
@@ -493,9 +505,10 @@ class NativeCompiledGraph:
         self.index = index
         # What a cache entry needs to put the crossing back (_CachedCrossing).
         self._flagos_crossing = dict(positions=self.flagos_positions, through=list(through))
-        for name in self.CACHE_ATTRIBUTES:
-            if hasattr(compiled, name):
-                setattr(self, name, getattr(compiled, name))
+        if getattr(compiled, "_fx_graph_cache_key", None) is not None:  # (some torch asks hasattr only)
+            for name in self.CACHE_ATTRIBUTES:
+                if hasattr(compiled, name):
+                    setattr(self, name, getattr(compiled, name))
 
     def __call__(self, args):
         from . import _C
