@@ -25,7 +25,7 @@ autograd's function around the compiled forward and backward); no native
 tensor enters an autograd graph (see _native_backward.py for why not).
 
 AOT autograd's cache serves flagos graphs too: an entry records what the
-crossing needs, and a hit puts it back (_CachedCrossing).
+crossing needs, and a hit puts it back (_inductor_cache.py).
 
 Hooked at torch.compile's inductor wrapper (`backend="inductor"`, the
 default, and its modes), which makes inductor's `compile_fx` hand flagos
@@ -80,7 +80,9 @@ def _hand_flagos_graphs_to_native():
         if args or not _uses_flagos(model_, example_inputs_):
             return compile_fx(model_, example_inputs_, *args, **kwargs)
         kwargs["inner_compile"] = NativeInnerCompile(kwargs.get("inner_compile", module.compile_fx_inner))
-        if _aot_cache_keeps_the_crossing():
+        from ._inductor_cache import aot_cache_keeps_the_crossing
+
+        if aot_cache_keeps_the_crossing():
             return compile_fx(model_, example_inputs_, *args, **kwargs)
         # Where AOT autograd's cache cannot keep the crossing (another torch,
         # or its bundled entries, which hold the compiled code itself), a hit
@@ -93,104 +95,6 @@ def _hand_flagos_graphs_to_native():
     compile_fx_for_flagos.__wrapped__ = compile_fx
     module.compile_fx = compile_fx_for_flagos
     module.joint_graph_passes = _passes_on_native(module.joint_graph_passes)
-
-
-def _aot_cache_keeps_the_crossing():
-    """Whether AOT autograd's cache may serve flagos graphs: its entries
-    (unbundled, they name inductor's cache entries of the native graphs)
-    then carry what the crossing needs, and a hit puts the crossing back
-    (_CachedCrossing). False where this torch's cache is not the one these
-    hooks know, or bundles the compiled code into its entries."""
-    try:
-        from torch._functorch._aot_autograd import aot_autograd_result, autograd_cache
-    except ImportError:
-        return False
-    if not _CachedCrossing.install(autograd_cache, aot_autograd_result):
-        return False
-    return not autograd_cache.should_bundle_autograd_cache()
-
-
-class _CachedCrossing:
-    """AOT autograd's cache for flagos graphs. An entry names inductor's
-    cache entries of the native forward and backward graphs, which know
-    nothing of flagos; for a flagos graph, each side's record in the entry
-    also says which outputs become flagos tensors and which ops it calls
-    through flagos (_through_flagos; a fresh process must define them before
-    the code that calls them loads). On a hit each side loads with the
-    native device's example inputs, as it compiled, and is wrapped in
-    NativeCompiledGraph again. A side of a flagos graph without that record,
-    or recorded by another flagos, counts as a miss."""
-
-    installed = None
-
-    @classmethod
-    def install(cls, autograd_cache, results):
-        if cls.installed is not None:
-            return cls.installed
-        cache = getattr(autograd_cache, "AOTAutogradCache", None)
-        loadable = getattr(results, "FxGraphCacheLoadable", None)
-        miss = getattr(autograd_cache, "FXGraphCacheMiss", None)
-        cls.installed = (cache is not None and hasattr(cache, "make_entry") and miss is not None
-                         and all(callable(getattr(loadable, name, None)) for name in ("load", "post_compile")))
-        if cls.installed:
-            cache.make_entry = staticmethod(cls.recording(cache.make_entry))
-            loadable.load = cls.loading(loadable.load, miss)
-            loadable.post_compile = cls.crossing_back(loadable.post_compile)
-        return cls.installed
-
-    @staticmethod
-    def recording(make_entry):
-        def make(*args, **kwargs):
-            entry = make_entry(*args, **kwargs)
-            graphs = (kwargs.get("compiled_fw_func", args[0] if args else None),
-                      kwargs.get("compiled_bw_func", args[1] if len(args) > 1 else None))
-            records = [getattr(graph, "_flagos_crossing", None) for graph in graphs]
-            if records != [None, None]:  # a flagos graph's: both sides recorded, None for one left native
-                from . import __version__
-
-                for side, record in zip((entry.compiled_fw, entry.compiled_bw), records):
-                    if side is not None:
-                        side._flagos_crossing = dict(version=__version__, crossing=record)
-            return entry
-
-        make.__wrapped__ = make_entry
-        return make
-
-    @staticmethod
-    def loading(load, miss):
-        def load_side(self, example_inputs):
-            from . import __version__
-
-            self._flagos_index = None
-            if not any(_is_flagos(x) for x in example_inputs):
-                return load(self, example_inputs)
-            record = getattr(self, "_flagos_crossing", None)
-            if record is None or record["version"] != __version__:
-                raise miss()
-            crossing = record["crossing"]
-            if crossing is None:  # compiled without the crossing: loaded so too
-                return load(self, example_inputs)
-            for namespace_name, overload, mask in crossing["through"]:
-                namespace, name = namespace_name.split("::")
-                _through_flagos(getattr(getattr(getattr(torch.ops, namespace), name), overload), tuple(mask))
-            self._flagos_index = _flagos_index(example_inputs)
-            return load(self, _on_native(example_inputs))
-
-        load_side.__wrapped__ = load
-        return load_side
-
-    @staticmethod
-    def crossing_back(post_compile):
-        def post_compile_side(self, result, fx_config):
-            result = post_compile(self, result, fx_config)
-            index = getattr(self, "_flagos_index", None)
-            if index is None:
-                return result
-            crossing = self._flagos_crossing["crossing"]
-            return NativeCompiledGraph(result, crossing["positions"], index, crossing["through"])
-
-        post_compile_side.__wrapped__ = post_compile
-        return post_compile_side
 
 
 def _passes_on_native(joint_graph_passes):
@@ -503,7 +407,7 @@ class NativeCompiledGraph:
         self.compiled = compiled
         self.flagos_positions = list(flagos_positions)
         self.index = index
-        # What a cache entry needs to put the crossing back (_CachedCrossing).
+        # What a cache entry needs to put the crossing back (_inductor_cache.py).
         self._flagos_crossing = dict(positions=self.flagos_positions, through=list(through))
         if getattr(compiled, "_fx_graph_cache_key", None) is not None:  # (some torch asks hasattr only)
             for name in self.CACHE_ATTRIBUTES:

@@ -351,7 +351,7 @@ def test_a_warm_start_takes_flagos_graphs_from_aot_autograds_cache(tmp_path, nat
     import subprocess
     import sys
 
-    from flagos_core._inductor import _aot_cache_keeps_the_crossing
+    from flagos_core._inductor_cache import aot_cache_keeps_the_crossing
 
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
 
@@ -362,7 +362,7 @@ def test_a_warm_start_takes_flagos_graphs_from_aot_autograds_cache(tmp_path, nat
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     cold, warm = run(), run()
-    cached = 3 if entries == "unbundled" and _aot_cache_keeps_the_crossing() else 1  # else the native model's only
+    cached = 3 if entries == "unbundled" and aot_cache_keeps_the_crossing() else 1  # else the native model's only
     assert cold["cache"].get("autograd_cache_hit", 0) == 0
     assert cold["cache"].get("autograd_cache_saved", 0) == cached  # training, histc, the native model
     assert warm["cache"].get("autograd_cache_hit", 0) == cached and warm["cache"].get("autograd_cache_miss", 0) == 0
