@@ -308,6 +308,55 @@ def check_memory_is_per_device():
     assert torch.flagos.memory_reserved(1) == m1
 
 
+def check_data_parallel_splits_the_batch_over_both_devices():
+    # nn.DataParallel on the current accelerator's devices. With a CPU build
+    # of torch that is flagos: replicas on flagos:0 and flagos:1, each given
+    # half the batch, as CUDA's DataParallel does on two GPUs. With a CUDA
+    # build it is CUDA, and torch.nn.parallel.comm stays torch's own.
+    import copy
+    import warnings
+
+    from torch.nn.parallel import comm
+
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator.type != "flagos":
+        chunks = comm.scatter(torch.arange(4.0), [0], dim=0)
+        assert [c.device.type for c in chunks] == [accelerator.type]
+        return
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    first_half_only = copy.deepcopy(ref)
+    model = copy.deepcopy(ref).to("flagos")
+    seen = set()
+    model[0].register_forward_hook(lambda module, inputs, output: seen.add(inputs[0].device))
+    x = torch.randn(10, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's "not compiled with NCCL" when it sums the replicas' gradients
+        y = torch.nn.DataParallel(model)(x.to("flagos"))
+        y.pow(2).mean().backward()
+    assert seen == {torch.device("flagos", 0), torch.device("flagos", 1)}
+    # What each replica computes is the CPU model's on its half (batch norm
+    # with the half's statistics); the gradients are the halves' summed.
+    want = torch.cat([ref(half) for half in x.chunk(2)])
+    want.pow(2).mean().backward()
+    assert y.device == torch.device("flagos", 0) and torch.equal(y.detach().cpu(), want.detach())
+    for got, expected in zip(model.parameters(), ref.parameters()):
+        assert got.grad.device == torch.device("flagos", 0)
+        torch.testing.assert_close(got.grad.cpu(), expected.grad, rtol=1e-6, atol=1e-7)
+    # Running statistics: the replica on flagos:0 updates the model's own
+    # buffers, from its half; the other replica's copies are dropped.
+    first_half_only(x.chunk(2)[0])
+    assert torch.equal(model[1].running_mean.cpu(), first_half_only[1].running_mean)
+    # comm's functions directly: a device's own tensor is not copied.
+    t = torch.arange(6.0, device="flagos:0")
+    a, b = comm.broadcast(t, [0, 1])
+    assert a is t and b.device == torch.device("flagos", 1) and torch.equal(b.cpu(), t.cpu())
+    parts = comm.scatter(t, [1, 0], chunk_sizes=[4, 2])
+    assert [p.device.index for p in parts] == [1, 0] and parts[1].data_ptr() == t[4:].data_ptr()
+    assert torch.equal(comm.gather(parts, destination=-1), t.cpu())
+    assert comm.gather(parts, destination=1).device == torch.device("flagos", 1)
+
+
 CHECKS = [name for name in list(globals()) if name.startswith("check_")]
 
 
