@@ -183,10 +183,10 @@ class NativeInnerCompile:
     def __call__(self, gm, example_inputs, **kwargs):
         if not _uses_flagos(gm, example_inputs):
             return self.inner(gm, example_inputs, **kwargs)
-        native_gm, native_inputs, flagos_outputs, through = _graph_on_native(gm, example_inputs)
+        native_gm, native_inputs, flagos_outputs, through, routes = _graph_on_native(gm, example_inputs)
         positions = [i for i, flagos in enumerate(flagos_outputs) if flagos]
         return NativeCompiledGraph(self.inner(native_gm, native_inputs, **kwargs), positions,
-                                   _flagos_index(example_inputs), through)
+                                   _flagos_index(example_inputs), through, routes)
 
 
 def _flagos_index(inputs):
@@ -210,8 +210,8 @@ def _graph_on_native(gm, inputs):
     tensor attributes and every node's fake value moved over. Also the
     example inputs so moved, which outputs are flagos tensors (on the host
     runtime native and CPU results look alike: only these become flagos
-    again), and the ops it calls through flagos (_through_flagos's
-    arguments)."""
+    again), the ops it calls through flagos (_through_flagos's arguments),
+    and the route of each op in it (what decided which go through flagos)."""
     from torch._guards import detect_fake_mode
 
     from . import as_native
@@ -227,8 +227,10 @@ def _graph_on_native(gm, inputs):
     graph._codegen = copy.deepcopy(gm.graph._codegen)
     graph.output(graph.graph_copy(gm.graph, {}))
     native_gm = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
-    through = []
+    through, routes = [], {}
     for node in native_gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            routes.setdefault(node.target.name(), route_of(node.target.name()))
         if node.op == "call_function" and _served_elsewhere(node.target):
             mask = _flagos_tensor_mask(node)
             if any(mask):  # factories (no flagos tensor in) are the native device's
@@ -242,10 +244,10 @@ def _graph_on_native(gm, inputs):
     _attributes_in_order_of(native_gm, gm)
     fake_mode = detect_fake_mode(inputs)
     if fake_mode is None:  # real example inputs: their native aliases
-        return native_gm, [as_native(x) if _is_flagos(x) else x for x in inputs], flagos_outputs, through
+        return native_gm, [as_native(x) if _is_flagos(x) else x for x in inputs], flagos_outputs, through, routes
     on_native = _FakesOnDevice.to_native()
     _map_values(native_gm, on_native)
-    return native_gm, [on_native(x) for x in inputs], flagos_outputs, through
+    return native_gm, [on_native(x) for x in inputs], flagos_outputs, through, routes
 
 
 def _attributes_in_order_of(copied, original):
@@ -258,6 +260,17 @@ def _attributes_in_order_of(copied, original):
     ours.update(ordered)
 
 
+def route_of(name):
+    """The provider flagos routes overload `name` to now; None where it has
+    no slot (a composite op, which decomposes)."""
+    from . import _C
+
+    try:
+        return _C._route(name)
+    except RuntimeError:
+        return None
+
+
 def _served_elsewhere(op):
     """Whether flagos routes this ATen overload to a provider other than the runtime's own."""
     from . import _C
@@ -267,11 +280,8 @@ def _served_elsewhere(op):
     schema = op._schema
     if any(a.alias_info is not None for a in list(schema.arguments) + list(schema.returns)):
         return False  # views and writes: left to the native kernels (functionalised graphs have few)
-    try:
-        provider = _C._route(op.name())
-    except RuntimeError:  # no slot: composite, decomposes
-        return False
-    return provider != _C._default_provider()
+    provider = route_of(op.name())
+    return provider is not None and provider != _C._default_provider()
 
 
 def _flagos_tensor_mask(node):
@@ -401,14 +411,15 @@ class NativeCompiledGraph:
     # makes an entry (the native graph's entry in inductor's cache).
     CACHE_ATTRIBUTES = ("_fx_graph_cache_key", "_fx_graph_cache_debug_lines", "guards_expr", "_time_taken_ns")
 
-    def __init__(self, compiled, flagos_positions, index, through=()):
+    def __init__(self, compiled, flagos_positions, index, through=(), routes=None):
         # On the instance: wrappers (torch._dynamo.disable) copy its __dict__.
         self._boxed_call = True
         self.compiled = compiled
         self.flagos_positions = list(flagos_positions)
         self.index = index
         # What a cache entry needs to put the crossing back (_inductor_cache.py).
-        self._flagos_crossing = dict(positions=self.flagos_positions, through=list(through))
+        self._flagos_crossing = dict(positions=self.flagos_positions, through=list(through), index=index,
+                                     routes=dict(routes or {}))
         if getattr(compiled, "_fx_graph_cache_key", None) is not None:  # (some torch asks hasattr only)
             for name in self.CACHE_ATTRIBUTES:
                 if hasattr(compiled, name):

@@ -15,7 +15,10 @@ cache stays off for flagos graphs.
 
 import torch
 
-from ._inductor import NativeCompiledGraph, _flagos_index, _is_flagos, _on_native, _through_flagos
+from ._inductor import NativeCompiledGraph, _is_flagos, _on_native, _through_flagos, route_of
+
+# What a side's record holds; another format is a miss.
+RECORD_FORMAT = 1
 
 
 def aot_cache_keeps_the_crossing():
@@ -37,10 +40,11 @@ class _CachedCrossing:
     """The hooks. Making an entry for a flagos graph records on each side
     which outputs become flagos tensors and the ops it calls through flagos
     (_through_flagos: a fresh process defines them before the code that calls
-    them loads). Loading a side so recorded takes the native device's example
-    inputs, as it compiled, and wraps it in NativeCompiledGraph again. A side
-    of a flagos graph without a record, or with another flagos's, counts as a
-    miss."""
+    them loads), the device index and the routes of its ops. Loading a side
+    so recorded takes the native device's example inputs, as it compiled, and
+    wraps it in NativeCompiledGraph again. A side with flagos inputs and no
+    record, a record of another format or flagos, or routes changed since,
+    count as a miss."""
 
     installed = None
 
@@ -71,7 +75,7 @@ class _CachedCrossing:
 
                 for side, record in zip((entry.compiled_fw, entry.compiled_bw), records):
                     if side is not None:
-                        side._flagos_crossing = dict(version=__version__, crossing=record)
+                        side._flagos_crossing = dict(format=RECORD_FORMAT, version=__version__, crossing=record)
             return entry
 
         make.__wrapped__ = make_entry
@@ -83,18 +87,24 @@ class _CachedCrossing:
             from . import __version__
 
             self._flagos_index = None
-            if not any(_is_flagos(x) for x in example_inputs):
-                return load(self, example_inputs)
             record = getattr(self, "_flagos_crossing", None)
-            if record is None or record["version"] != __version__:
+            if record is None:  # a native graph's side (a flagos one always has a record)
+                if any(_is_flagos(x) for x in example_inputs):
+                    raise miss()
+                return load(self, example_inputs)
+            if record.get("format") != RECORD_FORMAT or record["version"] != __version__:
                 raise miss()
             crossing = record["crossing"]
             if crossing is None:  # compiled without the crossing: loaded so too
                 return load(self, example_inputs)
+            # Which ops go through flagos was decided by the routes when it
+            # compiled (set_route, confs): under other routes, compile anew.
+            if any(route_of(name) != provider for name, provider in crossing["routes"].items()):
+                raise miss()
             for namespace_name, overload, mask in crossing["through"]:
                 namespace, name = namespace_name.split("::")
                 _through_flagos(getattr(getattr(getattr(torch.ops, namespace), name), overload), tuple(mask))
-            self._flagos_index = _flagos_index(example_inputs)
+            self._flagos_index = crossing["index"]
             return load(self, _on_native(example_inputs))
 
         load_side.__wrapped__ = load
@@ -108,7 +118,7 @@ class _CachedCrossing:
             if index is None:
                 return result
             crossing = self._flagos_crossing["crossing"]
-            return NativeCompiledGraph(result, crossing["positions"], index, crossing["through"])
+            return NativeCompiledGraph(result, crossing["positions"], index, crossing["through"], crossing["routes"])
 
         post_compile_side.__wrapped__ = post_compile
         return post_compile_side

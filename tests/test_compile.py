@@ -324,13 +324,20 @@ loss = torch.compile(model)(x.to("flagos")).pow(2).mean()
 loss.backward()
 counts = torch.compile(lambda t: torch.histc(t + 1, bins=5, min=1, max=10) * 2)(
     torch.arange(64, dtype=torch.int32).remainder(10).to("flagos"))
+moved = torch.compile(lambda t: (t * 2).to("flagos") + 1)(torch.arange(4.0))  # no flagos input: flagos named inside
+if sys.argv[3] == "rerouted":  # a route set since the cache was filled
+    flagos_core.set_route("aten::mm", "cpu_fallback")
+with flagos_core.trace() as t:
+    product = torch.compile(lambda a: a @ a.T)(x.to("flagos"))
 with torch.no_grad():  # the native device's own compile of the same model (inference: saved once compiled)
     native = torch.compile(make(sys.argv[1]))(x.to(sys.argv[1]))
 print(json.dumps(dict(
     cache={k: v for k, v in counters["aot_autograd"].items() if k.startswith("autograd_cache")},
-    devices=[loss.device.type, counts.device.type] + [p.grad.device.type for p in model.parameters()],
-    native_device=native.device.type,
-    loss=loss.item(), grads=[p.grad.cpu().tolist() for p in model.parameters()], counts=counts.cpu().tolist())))
+    devices=[loss.device.type, counts.device.type, moved.device.type, product.device.type]
+    + [p.grad.device.type for p in model.parameters()],
+    native_device=native.device.type, fallbacks=t.fallbacks, loss=loss.item(),
+    grads=[p.grad.cpu().tolist() for p in model.parameters()], counts=counts.cpu().tolist(),
+    moved=moved.cpu().tolist(), product=product.cpu().tolist())))
 """
 
 
@@ -355,20 +362,28 @@ def test_a_warm_start_takes_flagos_graphs_from_aot_autograds_cache(tmp_path, nat
 
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
 
-    def run():
-        out = subprocess.run([sys.executable, "-c", CACHED_COMPILES, native_device.type, entries],
+    def run(routes="as they were"):
+        out = subprocess.run([sys.executable, "-c", CACHED_COMPILES, native_device.type, entries, routes],
                              capture_output=True, text=True, timeout=600, env=env)
         assert out.returncode == 0, out.stderr[-3000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    cold, warm = run(), run()
-    cached = 3 if entries == "unbundled" and aot_cache_keeps_the_crossing() else 1  # else the native model's only
+    cold, warm, rerouted = run(), run(), run("rerouted")
+    # training, histc, the graph without a flagos input, the product, the native model
+    graphs = 5 if entries == "unbundled" and aot_cache_keeps_the_crossing() else 1  # else the native model's only
     assert cold["cache"].get("autograd_cache_hit", 0) == 0
-    assert cold["cache"].get("autograd_cache_saved", 0) == cached  # training, histc, the native model
-    assert warm["cache"].get("autograd_cache_hit", 0) == cached and warm["cache"].get("autograd_cache_miss", 0) == 0
-    for found in (cold, warm):
+    assert cold["cache"].get("autograd_cache_saved", 0) == graphs
+    assert warm["cache"].get("autograd_cache_hit", 0) == graphs and warm["cache"].get("autograd_cache_miss", 0) == 0
+    for found in (cold, warm, rerouted):
         assert set(found["devices"]) == {"flagos"} and found["native_device"] == native_device.type
-    for key in ("loss", "grads", "counts"):
-        assert warm[key] == cold[key], key
+        for key in ("loss", "grads", "counts", "moved", "product"):
+            assert found[key] == cold[key], key
+    # With mm routed elsewhere since, its graph is compiled anew (calling mm
+    # through flagos, to the route's provider), the others are served.
+    assert cold["fallbacks"] == warm["fallbacks"] == [] and rerouted["fallbacks"] == ["mm"]
+    if graphs > 1:
+        assert rerouted["cache"].get("autograd_cache_hit", 0) == graphs - 1
+        assert rerouted["cache"].get("autograd_cache_miss", 0) == 1
     x = torch.arange(64, dtype=torch.int32).remainder(10)
     assert cold["counts"] == (torch.histc(x.float() + 1, bins=5, min=1, max=10) * 2).tolist()
+    assert cold["moved"] == (torch.arange(4.0) * 2 + 1).tolist()
