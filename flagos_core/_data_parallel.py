@@ -1,126 +1,135 @@
 """nn.DataParallel (and torch.nn.parallel's replicate, scatter, gather) on
-flagos devices.
+flagos devices with a CPU build of torch.
 
-DataParallel works on the current accelerator, which with a CPU build of
-torch is flagos. Its copies between devices go through
-torch.nn.parallel.comm, whose broadcast, scatter and gather are CUDA's C++
-functions, absent from a CPU build: a DataParallel model failed there with
-an AttributeError from torch's internals, on one flagos device as on
-several. Here they are ordinary tensor ops on flagos tensors, with what
-CUDA's return: a device's own tensor (or chunk) is returned as it is, not
-copied; every other device gets a copy. With a CUDA build the accelerator
-is CUDA, and DataParallel runs on CUDA devices as torch has it: these
-functions are then torch's own.
+DataParallel works on the current accelerator's devices, which with a CPU
+build of torch are flagos's. Its copies between devices go through
+torch.nn.parallel.comm, whose Python (device indices, complex tensors as
+real views, argument checks) ends in CUDA's C++ functions torch._C._scatter
+and the like: a CPU build has none, and a DataParallel model failed there
+with an AttributeError from torch's internals, on one flagos device as on
+several. Here those functions are ordinary tensor ops, with what CUDA's
+return: a device's own tensor (or chunk) as it is, a copy for every other
+device, device indices meaning the accelerator's devices. With a CUDA build
+they exist and stay torch's (DataParallel then runs on CUDA devices).
 """
+
+import contextlib
 
 import torch
 
 BACKEND = "flagos"
-WRAPPED = ("broadcast", "broadcast_coalesced", "scatter", "gather")
+# torch._C's names for comm.py, and what serves each here.
+FUNCTIONS = {
+    "_broadcast": "broadcast",
+    "_broadcast_out": "broadcast_out",
+    "_broadcast_coalesced": "broadcast_coalesced",
+    "_scatter": "scatter",
+    "_scatter_out": "scatter_out",
+    "_gather": "gather",
+    "_gather_out": "gather_out",
+}
 
 
 def install():
-    from torch.nn.parallel import comm
-
-    for name in WRAPPED:
-        original = getattr(comm, name)
-        if getattr(original, "_flagos", False):
-            continue
-        setattr(comm, name, _on_flagos_accelerator(original, globals()[name]))
-
-
-def _on_flagos_accelerator(original, ours):
-    def call(*args, **kwargs):
-        accelerator = torch.accelerator.current_accelerator()
-        if accelerator is not None and accelerator.type == BACKEND:
-            return ours(*args, **kwargs)
-        return original(*args, **kwargs)
-
-    call._flagos = True
-    call.__wrapped__ = original
-    call.__doc__ = original.__doc__
-    call.__name__ = original.__name__
-    return call
+    if hasattr(torch._C, "_scatter"):  # a CUDA build: torch's own
+        return
+    for name, ours in FUNCTIONS.items():
+        setattr(torch._C, name, globals()[ours])
 
 
 def _device(index):
-    """A device argument of comm's functions (int, str or torch.device) as a flagos device."""
-    from torch._utils import _get_device_index
-
-    return torch.device(BACKEND, _get_device_index(index, optional=True))
+    return torch.device(BACKEND, index)
 
 
 def _to(tensor, device):
-    # Preserve: a chunk keeps its strides where it can, as CUDA's scatter copies it.
+    # Preserve: a chunk keeps its strides where it can, as CUDA's copies do.
     return tensor.to(device, non_blocking=True, memory_format=torch.preserve_format)
 
 
-def broadcast(tensor, devices=None, *, out=None):
-    if (devices is None) == (out is None):
-        raise RuntimeError(
-            f"Exactly one of 'devices' and 'out' must be specified, but got devices={devices} and out={out}")
-    if out is not None:
-        for target in out:
-            target.copy_(tensor, non_blocking=True)
-        return tuple(out)
-    return tuple(tensor if tensor.device == d else _to(tensor, d) for d in map(_device, devices))
+def _check_out(tensor, out, same_size_except=None):
+    for i, target in enumerate(out):
+        sizes = list(target.shape)
+        expected = list(tensor.shape)
+        if same_size_except is not None:
+            sizes.pop(same_size_except)
+            expected.pop(same_size_except)
+        if sizes != expected:
+            raise RuntimeError(f"Output tensor at index {i} has a shape {tuple(target.shape)} that does not match "
+                               f"the input's {tuple(tensor.shape)}" + ("" if same_size_except is None else
+                                                                          f" outside dim {same_size_except}"))
 
 
-def broadcast_coalesced(tensors, devices, buffer_size=10485760):
-    devices = [_device(d) for d in devices]
+def broadcast(tensor, devices):
+    return [tensor if tensor.device == _device(d) else _to(tensor, _device(d)) for d in devices]
+
+
+def broadcast_out(tensor, out):
+    _check_out(tensor, out)
+    for target in out:
+        target.copy_(tensor, non_blocking=True)
+    return list(out)
+
+
+def broadcast_coalesced(tensors, devices, buffer_size):
+    first = _device(devices[0])
     for t in tensors:
-        if t.device != devices[0]:
-            raise RuntimeError(
-                f"broadcast_coalesced: all tensors must be on {devices[0]}, the first device, but one is on {t.device}")
+        if t.device != first:
+            raise RuntimeError(f"All tensors must be on devices[0]: {first}, but one is on {t.device}")
     # The first device keeps the tensors themselves, as CUDA's does.
-    return [list(tensors)] + [[_to(t, d) for t in tensors] for d in devices[1:]]
+    return [list(tensors)] + [[_to(t, _device(d)) for t in tensors] for d in devices[1:]]
 
 
-def scatter(tensor, devices=None, chunk_sizes=None, dim=0, streams=None, *, out=None):
-    if (devices is None) == (out is None):
-        raise RuntimeError(
-            f"Exactly one of 'devices' and 'out' must be specified, but got devices={devices} and out={out}")
-    if out is not None:
-        if chunk_sizes is not None:
-            raise RuntimeError(f"'chunk_sizes' must not be specified when 'out' is specified, but got {chunk_sizes}")
-        chunks = tensor.split([o.size(dim) for o in out], dim)
-        for i, (target, chunk) in enumerate(zip(out, chunks)):
-            with _stream(streams, i):
-                target.copy_(chunk, non_blocking=True)
-        return tuple(out)
-    devices = [_device(d) for d in devices]
-    if chunk_sizes is None:
-        chunks = tensor.chunk(len(devices), dim)
-    else:
-        if sum(chunk_sizes) != tensor.size(dim) or len(chunk_sizes) != len(devices):
-            raise ValueError(f"scatter: chunk_sizes {list(chunk_sizes)} must give one size per device "
-                             f"({len(devices)}) and sum to the tensor's size {tensor.size(dim)} in dim {dim}")
-        chunks = tensor.split(list(chunk_sizes), dim)
-    results = []
-    for i, (chunk, device) in enumerate(zip(chunks, devices)):
-        with _stream(streams, i):
-            results.append(_to(chunk, device))
-    return tuple(results)
+def scatter(tensor, devices, chunk_sizes, dim, streams):
+    if not devices:
+        raise RuntimeError("Expected at least one device to scatter to")
+    if chunk_sizes is not None and len(chunk_sizes) != len(devices):
+        raise RuntimeError(f"Expected devices and chunk_sizes to be of same length, but got len(devices) = "
+                           f"{len(devices)} and len(chunk_sizes) = {len(chunk_sizes)}")
+    chunks = list(tensor.split(list(chunk_sizes), dim) if chunk_sizes is not None else tensor.chunk(len(devices), dim))
+    for i, chunk in enumerate(chunks):
+        device = _device(devices[i])
+        if chunk.device != device:  # a device's own chunk stays a view, as CUDA's
+            with _stream(streams, i, device):
+                chunks[i] = _to(chunk, device)
+    return chunks
 
 
-def gather(tensors, dim=0, destination=None, *, out=None):
-    if out is not None:
-        if destination is not None:
-            raise RuntimeError(
-                f"'destination' must not be specified when 'out' is specified, but got destination={destination}")
-        return torch.cat([t.to(out.device, non_blocking=True) for t in tensors], dim, out=out)
-    if destination == -1 or (isinstance(destination, (str, torch.device)) and torch.device(destination).type == "cpu"):
+def scatter_out(tensor, out, dim, streams):
+    dim = dim % max(tensor.dim(), 1)
+    _check_out(tensor, out, same_size_except=dim)
+    total = sum(target.size(dim) for target in out)
+    if total != tensor.size(dim):
+        raise RuntimeError(f"Total size for output tensors along scatter dim {dim} does not match the input's "
+                           f"({total} against {tensor.size(dim)})")
+    for i, (target, chunk) in enumerate(zip(out, tensor.split([t.size(dim) for t in out], dim))):
+        with _stream(streams, i, target.device):
+            target.copy_(chunk, non_blocking=True)
+    return list(out)
+
+
+def gather(tensors, dim, destination_index):
+    if not tensors:
+        raise RuntimeError("Expected at least one tensor to gather from")
+    if destination_index == -1:
         target = torch.device("cpu")
+    elif destination_index is None:
+        target = _device(torch.flagos.current_device())
     else:
-        target = _device(destination)
+        target = _device(destination_index)
     return torch.cat([t.to(target, non_blocking=True) for t in tensors], dim)
 
 
-def _stream(streams, i):
+def gather_out(tensors, out, dim):
+    return torch.cat([t.to(out.device, non_blocking=True) for t in tensors], dim, out=out)
+
+
+def _stream(streams, i, device):
     """The copy's stream where the caller gave one (DataParallel does, for
     copies from the CPU), else the current one."""
-    import contextlib
-
     if streams is None or streams[i] is None:
         return contextlib.nullcontext()
-    return torch.flagos.stream(streams[i])
+    stream = streams[i]
+    if stream.device != device:
+        raise RuntimeError(f"Expected the device associated with the stream at index {i} (was {stream.device}) "
+                           f"to match the device supplied at that index (expected {device})")
+    return torch.flagos.stream(stream)

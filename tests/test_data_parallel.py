@@ -34,3 +34,15 @@ def test_data_parallel_on_one_device_trains_as_the_cpu_model_does():
     for got, expected in zip(model.module.parameters(), ref.parameters()):
         assert torch.equal(got.grad.cpu(), expected.grad)
     assert torch.equal(model.module[1].running_mean.cpu(), ref[1].running_mean)
+
+
+@flagos_is_the_accelerator
+def test_data_parallel_takes_complex_tensors():
+    # torch.nn.parallel passes complex tensors between devices as their real views.
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(4, 3, dtype=torch.complex64)
+    model = torch.nn.DataParallel(copy.deepcopy(ref).to("flagos"))
+    x = torch.randn(5, 4, dtype=torch.complex64)
+    y = model(x.to("flagos"))
+    assert y.dtype == torch.complex64 and y.device == torch.device("flagos", 0)
+    assert torch.equal(y.detach().cpu(), ref(x).detach())

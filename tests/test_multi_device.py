@@ -331,7 +331,9 @@ def check_data_parallel_splits_the_batch_over_both_devices():
     model[0].register_forward_hook(lambda module, inputs, output: seen.add(inputs[0].device))
     x = torch.randn(10, 8)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch's "not compiled with NCCL" when it sums the replicas' gradients
+        # torch's own, when it sums the replicas' gradients (on a CPU build, as with CUDA without NCCL)
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", message="PyTorch is not compiled with NCCL support")
         y = torch.nn.DataParallel(model)(x.to("flagos"))
         y.pow(2).mean().backward()
     assert seen == {torch.device("flagos", 0), torch.device("flagos", 1)}
@@ -355,6 +357,15 @@ def check_data_parallel_splits_the_batch_over_both_devices():
     assert [p.device.index for p in parts] == [1, 0] and parts[1].data_ptr() == t[4:].data_ptr()
     assert torch.equal(comm.gather(parts, destination=-1), t.cpu())
     assert comm.gather(parts, destination=1).device == torch.device("flagos", 1)
+    # Complex tensors cross as their real views (comm.py's own handling), and come back complex.
+    z = torch.randn(6, 2, dtype=torch.complex64)
+    halves = torch.nn.parallel.scatter(z.to("flagos"), [0, 1])
+    assert [h.device.index for h in halves] == [0, 1] and all(h.dtype == torch.complex64 for h in halves)
+    assert torch.equal(torch.nn.parallel.gather(halves, "cpu"), z)
+    # An output of another shape is refused (copy_ would have broadcast into it), naming the shapes.
+    message = _raises(RuntimeError, lambda: comm.broadcast(torch.ones(3, device="flagos:0"),
+                                                           out=[torch.empty(2, 3, device="flagos:1")]))
+    assert "(2, 3)" in message and "(3,)" in message
 
 
 CHECKS = [name for name in list(globals()) if name.startswith("check_")]
