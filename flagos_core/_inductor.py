@@ -193,15 +193,17 @@ def _flagos_index(inputs):
     return next((x.device.index for x in inputs if _is_flagos(x)), 0) or 0
 
 
-def _on_native(inputs):
-    """Example inputs (fake or real) moved to the native device they alias."""
+def _on_native(inputs, on_native=None):
+    """Example inputs (fake or real) moved to the native device they alias;
+    fakes by `on_native` where given (the mover of their graph's values, so
+    that an input stays its placeholder's value)."""
     from torch._guards import detect_fake_mode
 
     from . import as_native
 
     if detect_fake_mode(inputs) is None:  # real example inputs: their native aliases
         return [as_native(x) if _is_flagos(x) else x for x in inputs]
-    on_native = _FakesOnDevice.to_native()
+    on_native = on_native or _FakesOnDevice.to_native()
     return [on_native(x) for x in inputs]
 
 
@@ -230,9 +232,10 @@ def _graph_on_native(gm, inputs):
     through, routes = [], {}
     for node in native_gm.graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-            routes.setdefault(node.target.name(), route_of(node.target.name()))
-        if node.op == "call_function" and _served_elsewhere(node.target):
-            mask = _flagos_tensor_mask(node)
+            name = node.target.name()
+            if name not in routes:
+                routes[name] = route_of(name)
+            mask = _flagos_tensor_mask(node) if _served_elsewhere(node.target, routes[name]) else ()
             if any(mask):  # factories (no flagos tensor in) are the native device's
                 through.append((node.target._schema.name, node.target._overloadname, mask))
                 node.target = _through_flagos(node.target, mask)
@@ -242,12 +245,10 @@ def _graph_on_native(gm, inputs):
             _set_attribute(native_gm, node.target, as_native(getattr(native_gm, node.target)))
     native_gm.recompile()
     _attributes_in_order_of(native_gm, gm)
-    fake_mode = detect_fake_mode(inputs)
-    if fake_mode is None:  # real example inputs: their native aliases
-        return native_gm, [as_native(x) if _is_flagos(x) else x for x in inputs], flagos_outputs, through, routes
     on_native = _FakesOnDevice.to_native()
-    _map_values(native_gm, on_native)
-    return native_gm, [on_native(x) for x in inputs], flagos_outputs, through, routes
+    if detect_fake_mode(inputs) is not None:
+        _map_values(native_gm, on_native)
+    return native_gm, _on_native(inputs, on_native), flagos_outputs, through, routes
 
 
 def _attributes_in_order_of(copied, original):
@@ -271,16 +272,14 @@ def route_of(name):
         return None
 
 
-def _served_elsewhere(op):
-    """Whether flagos routes this ATen overload to a provider other than the runtime's own."""
+def _served_elsewhere(op, provider):
+    """Whether this ATen overload, routed to `provider` (route_of), goes to
+    a provider other than the runtime's own."""
     from . import _C
 
-    if not isinstance(op, torch._ops.OpOverload):
-        return False
     schema = op._schema
     if any(a.alias_info is not None for a in list(schema.arguments) + list(schema.returns)):
         return False  # views and writes: left to the native kernels (functionalised graphs have few)
-    provider = route_of(op.name())
     return provider is not None and provider != _C._default_provider()
 
 

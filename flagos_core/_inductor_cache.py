@@ -86,7 +86,6 @@ class _CachedCrossing:
         def load_side(self, example_inputs):
             from . import __version__
 
-            self._flagos_index = None
             record = getattr(self, "_flagos_crossing", None)
             if record is None:  # a native graph's side (a flagos one always has a record)
                 if any(_is_flagos(x) for x in example_inputs):
@@ -104,7 +103,6 @@ class _CachedCrossing:
             for namespace_name, overload, mask in crossing["through"]:
                 namespace, name = namespace_name.split("::")
                 _through_flagos(getattr(getattr(getattr(torch.ops, namespace), name), overload), tuple(mask))
-            self._flagos_index = crossing["index"]
             return load(self, _on_native(example_inputs))
 
         load_side.__wrapped__ = load
@@ -114,11 +112,12 @@ class _CachedCrossing:
     def crossing_back(post_compile):
         def post_compile_side(self, result, fx_config):
             result = post_compile(self, result, fx_config)
-            index = getattr(self, "_flagos_index", None)
-            if index is None:
+            # Reached only for a side that loaded: its record, if it has one, is current (load_side).
+            crossing = getattr(self, "_flagos_crossing", {}).get("crossing")
+            if crossing is None:
                 return result
-            crossing = self._flagos_crossing["crossing"]
-            return NativeCompiledGraph(result, crossing["positions"], index, crossing["through"], crossing["routes"])
+            return NativeCompiledGraph(result, crossing["positions"], crossing["index"], crossing["through"],
+                                       crossing["routes"])
 
         post_compile_side.__wrapped__ = post_compile
         return post_compile_side
