@@ -60,7 +60,9 @@ def _stacked(input, states, params, has_biases, num_layers, dropout, train, bidi
         layer_input = outputs[0] if directions == 1 else torch.cat(outputs, outputs[0].dim() - 1)
         if dropout != 0 and train and layer < num_layers - 1:
             layer_input = torch.dropout(layer_input, dropout, True)
-    output = layer_input.transpose_(0, 1) if batch_first else layer_input
+    # Not in place: with one direction this is the layer kernel's own output,
+    # which its backward saved (CPU transposes out of place too).
+    output = layer_input.transpose(0, 1) if batch_first else layer_input
     return output, [torch.stack(kind, 0) for kind in zip(*final)]
 
 

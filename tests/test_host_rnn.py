@@ -16,6 +16,8 @@ CASES = {
     "one layer": {},
     "without bias": {"bias": False},
     "2 layers, bidirectional, batch first": {"num_layers": 2, "bidirectional": True, "batch_first": True},
+    # one direction: the last layer's own output is what comes back
+    "batch first": {"batch_first": True},
     "3 layers with dropout": {"num_layers": 3, "dropout": 0.5},
 }
 
