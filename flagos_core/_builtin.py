@@ -33,11 +33,12 @@ def flagos_runtimes():
 
 
 def _activate_host_runtime():
-    from . import _host_norms, _host_rnn
+    from . import _host_norms, _host_optimizers, _host_rnn
 
     _C._activate_host_runtime(_host_device_count())
     _host_rnn.register()
     _host_norms.register()
+    _host_optimizers.install()
     # The host runtime runs CPU's kernels: torch.autocast("flagos") casts as
     # torch.autocast("cpu") does, so results stay CPU's.
     _C._use_autocast_policies("cpu")

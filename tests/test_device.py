@@ -160,6 +160,38 @@ def test_mixing_flagos_and_cpu_is_the_usual_error():
     assert torch.equal((a + torch.tensor(2.0)).cpu(), torch.full((3,), 3.0))
 
 
+def test_a_cpu_scalar_is_read_but_never_written():
+    # Native accelerators read a 0-dim CPU tensor as a scalar but refuse it as
+    # what a kernel writes: an out= tensor or the self of an in-place op.
+    a = torch.ones(3, device="flagos")
+    for write in (lambda c: torch.add(a, 1, out=c), lambda c: torch.eq(a, a, out=c),
+                  lambda c: c.add_(torch.tensor(2.0, device="flagos")), lambda c: c.mul_(a[0])):
+        cpu = torch.tensor(1.0)
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            write(cpu)
+        assert cpu.shape == () and cpu.item() == 1.0  # neither written nor resized
+    # Read, it is a scalar, in place or not.
+    a.add_(torch.tensor(1.0))
+    assert torch.equal(torch.add(a, torch.tensor(1.0)).cpu(), torch.full((3,), 3.0))
+
+
+def test_set_onto_another_devices_storage_is_refused_as_natively():
+    # The native kernel would see its own device on both sides (the alias)
+    # and relabel the CPU tensor's memory as flagos's under its owner.
+    owner = torch.ones(3)
+    storage = owner.untyped_storage()
+    for set_onto in (lambda t: t.set_(storage), lambda t: t.set_(storage, 0, (3,), (1,)),
+                     lambda t: t.set_(owner.storage())):
+        with pytest.raises(RuntimeError, match='Attempted to set the storage of a tensor on device "flagos:0" to a '
+                                               'storage on different device "cpu"'):
+            set_onto(torch.empty(0, device="flagos"))
+    assert owner.untyped_storage().device.type == "cpu" and torch.equal(owner, torch.ones(3))
+    assert repr(owner) == "tensor([1., 1., 1.])"
+    # A flagos storage, as before.
+    source = torch.arange(3.0, device="flagos")
+    assert torch.equal(torch.empty(0, device="flagos").set_(source.untyped_storage()).cpu(), torch.arange(3.0))
+
+
 @pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="an overload that only CUDA implements")
 def test_an_overload_no_provider_serves_is_a_clear_error():
     # _fused_dropout has a CUDA kernel only: neither the host provider nor

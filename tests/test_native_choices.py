@@ -2,7 +2,9 @@
 the native device's choice on flagos (core/NativeChoices.cpp): batch_norm
 (and instance_norm, which calls it), grid_sampler and ctc_loss take cuDNN
 where native CUDA does, so outputs, gradients and running statistics equal the native
-device's bitwise, and the trace shows the native device's kernels."""
+device's bitwise, and the trace shows the native device's kernels. dropout
+fuses where the native device's does (CUDA), and multiplies by a scaled
+mask where it does not (CPU, the host runtime)."""
 
 import pytest
 import torch
@@ -187,6 +189,37 @@ def test_ctc_loss_with_targets_on_the_cpu_does_what_the_native_device_does(tmp_p
     assert_matches_native(flagos[1::2], native[1::2], rtol=1e-5, atol=1e-6)
     if native_device().type == "cpu":
         assert all(loss.numel() == 1 and loss.item() > 0 for loss in flagos[0::2])  # computed, not refused
+
+
+def _dropout(device):
+    # Self-contained. Outputs and input gradients in three dtypes and two
+    # probabilities (half precision rounds differently on the two paths),
+    # then the cases every device treats alike, and inference mode.
+    results = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for p in (0.1, 0.5):
+            torch.manual_seed(3)
+            x = torch.randn(4096, dtype=dtype).to(device).requires_grad_()
+            grad = torch.randn(4096, dtype=dtype).to(device)
+            y = torch.nn.functional.dropout(x, p)
+            y.backward(grad)
+            results += [y.detach(), x.grad]
+    x = torch.randn(8, 8).to(device)
+    results += [torch.nn.functional.dropout(x, 0.0), torch.nn.functional.dropout(x, 1.0),
+                torch.nn.functional.dropout(x, 0.3, training=False), torch.nn.Dropout(0.3)(x)]
+    with torch.inference_mode():
+        results.append(torch.nn.functional.dropout(x, 0.3))
+    return results
+
+
+def test_dropout_takes_the_native_devices_path(tmp_path):
+    native = results_on_native(_dropout, native_device(), tmp_path)
+    assert_matches_native(_dropout(torch.device("flagos")), native)
+    y = torch.nn.functional.dropout(torch.ones(8, device="flagos", requires_grad=True), 0.5)
+    fused = native_device().type == "cuda"
+    assert y.grad_fn.name() == ("NativeDropoutBackward0" if fused else "MulBackward0")
+    with pytest.raises(ValueError, match="dropout probability has to be between 0 and 1"):
+        torch.nn.functional.dropout(torch.ones(8, device="flagos"), 1.5)
 
 
 def test_the_choice_follows_the_native_switch():

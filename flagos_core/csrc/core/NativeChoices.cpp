@@ -22,6 +22,7 @@
 #include <ATen/TensorSubclassLikeUtils.h>
 #include <ATen/ops/_batch_norm_impl_index_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/ctc_loss_compositeimplicitautograd_dispatch.h>
+#include <ATen/ops/dropout_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/grid_sampler_compositeimplicitautograd_dispatch.h>
 #include <c10/core/DispatchKeySet.h>
 #include <torch/library.h>
@@ -259,6 +260,32 @@ at::Tensor ctcLossTensorLengths(
       zero_infinity);
 }
 
+// Whether PyTorch's dropout fuses for the native device's tensors (its
+// is_fused_kernel_acceptable, by device type).
+bool nativeDropoutFuses() {
+  switch (activeRuntime().nativeDeviceType()) {
+    case c10::DeviceType::CUDA:
+    case c10::DeviceType::XPU:
+    case c10::DeviceType::Lazy:
+    case c10::DeviceType::PrivateUse1:
+      return true;
+    default:
+      return false;
+  }
+}
+
+at::Tensor dropout(const at::Tensor& input, double p, bool train) {
+  // The composite returns the input itself, multiplies by zero or raises for
+  // the other cases, alike for every device.
+  if (!train || !(p > 0 && p < 1) || input.sym_numel() == 0 || !choosesNatively({&input}) || nativeDropoutFuses()) {
+    return at::compositeimplicitautograd::dropout(input, p, train);
+  }
+  at::Tensor mask = at::empty_like(input);
+  mask.bernoulli_(1 - p);
+  mask.div_(1 - p);
+  return input.mul(mask);
+}
+
 } // namespace
 } // namespace flagos
 
@@ -269,10 +296,12 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("grid_sampler", TORCH_FN(flagos::gridSampler));
   m.impl("ctc_loss.IntList", TORCH_FN(flagos::ctcLoss));
   m.impl("ctc_loss.Tensor", TORCH_FN(flagos::ctcLossTensorLengths));
+  m.impl("dropout", TORCH_FN(flagos::dropout));
 }
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_batch_norm_impl_index", TORCH_FN(flagos::batchNormImplIndex));
   m.impl("grid_sampler", TORCH_FN(flagos::gridSampler));
   m.impl("ctc_loss.IntList", TORCH_FN(flagos::ctcLoss));
   m.impl("ctc_loss.Tensor", TORCH_FN(flagos::ctcLossTensorLengths));
+  m.impl("dropout", TORCH_FN(flagos::dropout));
 }

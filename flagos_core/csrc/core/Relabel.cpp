@@ -71,6 +71,19 @@ bool RelabelProvider::canServe(const c10::OperatorHandle& op) const {
   return op.hasComputedKernelForDispatchKey(activeRuntime().nativeDispatchKey());
 }
 
+namespace {
+
+// PyTorch's own refusal (checkSetStorage), naming the flagos tensor's
+// device (its argument comes first, so is noted already).
+[[noreturn]] C10_NOINLINE void refuseForeignStorage(const detail::CallState& state, const c10::Storage& storage) {
+  const c10::Device self = state.device.value_or(c10::Device(c10::DeviceType::PrivateUse1, 0));
+  TORCH_CHECK(
+      false, "Attempted to set the storage of a tensor on device \"", self, "\" to a storage on different device \"",
+      storage.device(), "\".  This is no longer allowed; the devices must match.");
+}
+
+} // namespace
+
 // The boxed path; TypedKernel.h runs the same steps on typed arguments.
 void RelabelProvider::call(
     const c10::OperatorHandle& op,
@@ -118,6 +131,11 @@ void RelabelProvider::call(
       state.noteDevice(storage.device(), i);
       v = detail::nativeStorageFor(storage.unsafeGetStorageImpl(), rt.nativeDevice(storage.device().index()), true);
       storage_args.emplace_back(storage.unsafeGetStorageImpl(), v.toStorage());
+    } else if (v.isStorage()) {
+      // set_ onto another device's storage: the native kernel would see its
+      // own device on both sides (the alias) and take it, relabelling that
+      // device's memory as flagos's under its owner.
+      refuseForeignStorage(state, v.toStorage());
     } else if (v.isGenerator() || (info.takes_generator && v.isNone() && isOptionalGenerator(args[i]))) {
       generator_args.push_back(i);
     } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {

@@ -38,6 +38,13 @@ static bool onCpuByDesign(const c10::OperatorHandle& op, size_t arg, const c10::
   return name == "targets" && (base == "aten::_cudnn_ctc_loss" || base == "aten::_use_cudnn_ctc_loss");
 }
 
+// Whether the schema writes argument `arg` (in-place self, out=).
+C10_NOINLINE static bool writesArgument(const c10::OperatorHandle& op, size_t arg) {
+  const auto& args = op.schema().arguments();
+  const c10::AliasInfo* alias = arg < args.size() ? args[arg].alias_info() : nullptr;
+  return alias != nullptr && alias->isWrite();
+}
+
 void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg) {
   TORCH_CHECK(
       false, "Expected all tensors to be on the same device, but found at least two devices, ", a, " and ", b,
@@ -75,7 +82,9 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, size_t arg, 
   const c10::Device d = t.device();
   if (d.type() != c10::DeviceType::PrivateUse1) {
     foreign_storages.push_back(t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr);
-    const bool scalar = t.dim() == 0 && d.is_cpu();
+    // A CPU scalar may be read, as native kernels read one; never written:
+    // the kernel would write the CPU tensor (native ones refuse it).
+    const bool scalar = t.dim() == 0 && d.is_cpu() && !writesArgument(op, arg);
     if (!scalar && (!in_list || info.exact_device) && !foreign && !onCpuByDesign(op, arg, d)) {
       foreign.emplace(d, arg);
     }
