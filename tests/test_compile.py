@@ -371,9 +371,11 @@ def test_a_warm_start_takes_flagos_graphs_from_aot_autograds_cache(tmp_path, nat
     cold, warm, rerouted = run(), run(), run("rerouted")
     # training, histc, the graph without a flagos input, the product, the native model
     graphs = 5 if entries == "unbundled" and aot_cache_keeps_the_crossing() else 1  # else the native model's only
-    assert cold["cache"].get("autograd_cache_hit", 0) == 0
-    assert cold["cache"].get("autograd_cache_saved", 0) == graphs
-    assert warm["cache"].get("autograd_cache_hit", 0) == graphs and warm["cache"].get("autograd_cache_miss", 0) == 0
+    counters = {"cold": cold["cache"], "warm": warm["cache"], "rerouted": rerouted["cache"]}  # for a failure's message
+    assert cold["cache"].get("autograd_cache_hit", 0) == 0, counters
+    assert cold["cache"].get("autograd_cache_saved", 0) == graphs, counters
+    assert warm["cache"].get("autograd_cache_hit", 0) == graphs and warm["cache"].get("autograd_cache_miss", 0) == 0, \
+        counters
     for found in (cold, warm, rerouted):
         assert set(found["devices"]) == {"flagos"} and found["native_device"] == native_device.type
         for key in ("loss", "grads", "counts", "moved", "product"):
@@ -382,8 +384,8 @@ def test_a_warm_start_takes_flagos_graphs_from_aot_autograds_cache(tmp_path, nat
     # through flagos, to the route's provider), the others are served.
     assert cold["fallbacks"] == warm["fallbacks"] == [] and rerouted["fallbacks"] == ["mm"]
     if graphs > 1:
-        assert rerouted["cache"].get("autograd_cache_hit", 0) == graphs - 1
-        assert rerouted["cache"].get("autograd_cache_miss", 0) == 1
+        assert rerouted["cache"].get("autograd_cache_hit", 0) == graphs - 1, counters
+        assert rerouted["cache"].get("autograd_cache_miss", 0) == 1, counters
     x = torch.arange(64, dtype=torch.int32).remainder(10)
     assert cold["counts"] == (torch.histc(x.float() + 1, bins=5, min=1, max=10) * 2).tolist()
     assert cold["moved"] == (torch.arange(4.0) * 2 + 1).tolist()
