@@ -72,3 +72,24 @@ def test_backward_through_nested_tensors(native_device, tmp_path):
     flagos = grads(torch.device("flagos"))
     native = results_on_native(grads, native_device, tmp_path)
     assert all(torch.equal(f.cpu(), n.cpu()) for f, n in zip(flagos, native, strict=True))
+
+
+def test_moving_a_nested_tensor_between_the_cpu_and_flagos():
+    # The device argument says where the copy goes: on the host runtime the
+    # native device is the CPU too, so the results' device alone cannot.
+    a, b = torch.randn(2, 4), torch.randn(3, 4)
+    cpu = torch.nested.nested_tensor([a, b])
+    for move in (lambda t: t.to("flagos"), lambda t: t.flagos(), lambda t: t.to("flagos:0", copy=True),
+                 lambda t: t.to("flagos", torch.float64)):
+        moved = move(cpu)
+        assert moved.is_nested and moved.device == torch.device("flagos:0")
+        assert all(torch.equal(g.cpu(), w.to(moved.dtype)) for g, w in zip(moved.unbind(), (a, b), strict=True))
+    on_flagos = torch.nested.nested_tensor([a, b], device="flagos")
+    for move in (lambda t: t.cpu(), lambda t: t.to("cpu"), lambda t: t.to("cpu", torch.float16)):
+        back = move(on_flagos)
+        assert back.is_nested and back.device.type == "cpu"
+        assert all(torch.equal(g, w.to(back.dtype)) for g, w in zip(back.unbind(), (a, b), strict=True))
+    # A copy, not a view of the flagos memory.
+    back = on_flagos.cpu()
+    on_flagos.mul_(2)
+    assert torch.equal(back.unbind()[0], a)

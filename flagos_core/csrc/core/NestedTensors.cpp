@@ -45,8 +45,21 @@ at::Tensor nativeStandIn(const at::Tensor& t) {
 class NestedCall {
  public:
   c10::IValue toNative(const c10::IValue& v) {
-    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
-      return detail::callConstants().nativeDevice(v.toDevice().has_index() ? v.toDevice().index() : 0);
+    if (v.isDevice()) {
+      // A device argument (`_to_copy`'s) says where the results go, whatever
+      // devices the tensors are on: moving a CPU nested tensor to flagos, or
+      // a flagos one to the CPU, which on the host runtime is also the
+      // native device.
+      c10::Device d = v.toDevice();
+      if (d.type() != c10::DeviceType::PrivateUse1) {
+        requested_ = d;
+        return v;
+      }
+      if (!d.has_index()) {
+        d = c10::Device(c10::DeviceType::PrivateUse1, activeRuntime().getDevice().index());
+      }
+      requested_ = d;
+      return detail::callConstants().nativeDevice(d.index());
     }
     return detail::mapTensors(v, [this](const at::Tensor& t) { return standIns_.toNative(t, nativeStandIn); });
   }
@@ -57,8 +70,15 @@ class NestedCall {
     return detail::mapTensors(v, [&](const at::Tensor& t) { return fromNative(t, metadata); });
   }
 
+  // The flagos device the call runs on: its tensors', else the one asked for.
   std::optional<c10::Device> device() const {
-    return standIns_.device();
+    if (auto d = standIns_.device()) {
+      return d;
+    }
+    if (requested_ && requested_->type() == c10::DeviceType::PrivateUse1) {
+      return requested_;
+    }
+    return std::nullopt;
   }
 
  private:
@@ -66,8 +86,9 @@ class NestedCall {
     if (const at::Tensor* callers = standIns_.callersTensor(t)) {
       return *callers;
     }
-    const auto device = standIns_.device();
-    if (!t.defined() || !device || metadata || t.device().type() != detail::callConstants().native_type) {
+    const auto device = requested_ ? requested_ : standIns_.device();
+    if (!t.defined() || !device || device->type() != c10::DeviceType::PrivateUse1 || metadata ||
+        t.device().type() != detail::callConstants().native_type) {
       return t;
     }
     if (!t.is_nested()) {
@@ -78,6 +99,7 @@ class NestedCall {
   }
 
   detail::StandIns standIns_;
+  std::optional<c10::Device> requested_; // a device argument's
 };
 
 // Ops that give a nested tensor's own sizes, strides or offsets: CPU tensors
