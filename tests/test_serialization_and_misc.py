@@ -341,6 +341,13 @@ def test_torch_accelerator():
     torch.flagos.synchronize()
     assert torch.equal(y.cpu(), x.cpu() * 2)
     assert torch.get_device_module("flagos") is torch.flagos
+    # A device that does not exist is refused, as by torch.flagos.
+    missing = torch.flagos.device_count()
+    for call in (torch.accelerator.synchronize, torch.accelerator.get_memory_info, torch.flagos.synchronize):
+        with pytest.raises(RuntimeError, match=f"flagos:{missing} is not a valid device"):
+            call(missing)
+        with pytest.raises(RuntimeError, match=f"flagos:{missing} is not a valid device"):
+            call(f"flagos:{missing}")
 
 
 def test_device_name_and_properties():

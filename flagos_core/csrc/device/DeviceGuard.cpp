@@ -68,6 +68,11 @@ struct ForwardingGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     rt().synchronizeEvent(event);
   }
   void synchronizeDevice(const c10::DeviceIndex index) const override {
+    // torch.accelerator.synchronize(i) comes here unchecked: a device that
+    // does not exist is an error, as for the other device calls.
+    if (index >= 0) {
+      rt().checkIndex(index);
+    }
     rt().synchronizeDevice(index);
   }
   void recordDataPtrOnStream(const c10::DataPtr& data_ptr, const c10::Stream& stream) const override {

@@ -113,6 +113,9 @@ struct ForwardingAllocator final : public c10::DeviceAllocator {
     target().resetPeakStats(index);
   }
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex index) override {
+    if (index >= 0) { // torch.accelerator.get_memory_info(i) comes here unchecked
+      activeRuntime().checkIndex(index);
+    }
     return target().getMemoryInfo(index);
   }
 };

@@ -65,6 +65,16 @@ struct HostCachingAllocator::Pool {
   // pointers of this pool from the CPU allocator's (releaseByData).
   std::unordered_map<void*, Block*> by_data;
   DeviceStats stats;
+  c10::DeviceIndex index = 0;
+
+  // As CPU's and CUDA's allocators: torch.profiler(profile_memory=True)
+  // counts the bytes against the op that allocates or frees them.
+  void reportToProfiler(void* data, int64_t bytes) const {
+    c10::reportMemoryUsageToProfiler(
+        data, bytes, static_cast<size_t>(stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].current),
+        static_cast<size_t>(stats.reserved_bytes[static_cast<size_t>(StatType::AGGREGATE)].current),
+        c10::Device(c10::DeviceType::PrivateUse1, index));
+  }
 
   std::vector<Block*>& freeList(size_t size) {
     return size < kLargeThreshold ? small_free[size / kSmallRound] : large_free[size];
@@ -77,6 +87,7 @@ struct HostCachingAllocator::Pool {
     update(stats.allocation, -1);
     update(stats.active, -1);
     freeList(block->size).push_back(block);
+    reportToProfiler(block->data, -static_cast<int64_t>(block->size));
   }
 
   void release(Block* block) {
@@ -141,6 +152,7 @@ HostCachingAllocator::HostCachingAllocator(
     : current_device_(std::move(current_device)) {
   for (c10::DeviceIndex i = 0; i < devices; ++i) {
     pools_.push_back(std::make_unique<Pool>());
+    pools_.back()->index = i;
   }
 }
 
@@ -193,6 +205,7 @@ c10::DataPtr HostCachingAllocator::allocateOn(size_t nbytes, c10::DeviceIndex in
   update(pool.stats.requested_bytes, static_cast<int64_t>(nbytes));
   update(pool.stats.allocation, 1);
   update(pool.stats.active, 1);
+  pool.reportToProfiler(block->data, static_cast<int64_t>(size));
   return c10::DataPtr(block->data, block->data, &freeBlock, label);
 }
 
