@@ -378,8 +378,14 @@ def test_a_warm_start_takes_flagos_graphs_from_aot_autograds_cache(tmp_path, nat
         counters
     for found in (cold, warm, rerouted):
         assert set(found["devices"]) == {"flagos"} and found["native_device"] == native_device.type
-        for key in ("loss", "grads", "counts", "moved", "product"):
-            assert found[key] == cold[key], key
+    for name, found in (("warm", warm), ("rerouted", rerouted)):
+        # The rerouted product is the CPU's (cpu_fallback), below.
+        for key in ("loss", "grads", "counts", "moved") + (("product",) if found is warm else ()):
+            assert found[key] == cold[key], (name, key)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    assert rerouted["product"] == (x @ x.T).tolist()
+    if native_device.type == "cpu":
+        assert cold["product"] == rerouted["product"]
     # With mm routed elsewhere since, its graph is compiled anew (calling mm
     # through flagos, to the route's provider), the others are served.
     assert cold["fallbacks"] == warm["fallbacks"] == [] and rerouted["fallbacks"] == ["mm"]
