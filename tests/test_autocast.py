@@ -3,6 +3,7 @@ the native device the runtime runs (the host runtime: CPU's, the CUDA
 plugin: CUDA's, tested on the GPU), and then exactly as that device's
 autocast would: the same casts, the same kernels, the same bits."""
 
+import functools
 import subprocess
 import sys
 import textwrap
@@ -121,20 +122,28 @@ def test_a_training_step_under_autocast_equals_cpus():
     assert all(torch.equal(f, c) for f, c in zip(flagos_params, cpu_params))
 
 
+@pytest.mark.parametrize("ported", [False, True], ids=["torch.amp", "torch.flagos.amp"])
 @pytest.mark.parametrize("init_scale", [2.0**16, 2.0**40])  # the second overflows: steps skipped, scale cut
-def test_float16_training_with_a_grad_scaler_equals_cpus(init_scale):
+def test_float16_training_with_a_grad_scaler_equals_cpus(init_scale, ported):
     # GradScaler("flagos") unscales and checks for infs with the native
     # device's kernels: the same scale, losses and parameters as on CPU.
+    # `ported`: through torch.flagos.amp, as code ported from torch.cuda.amp.
     def step(device):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5)).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        scaler = torch.amp.GradScaler(device, init_scale=init_scale)
+        if ported and device == "flagos":
+            from torch.flagos.amp import GradScaler
+
+            scaler, autocast = GradScaler(init_scale=init_scale), torch.flagos.amp.autocast
+        else:
+            scaler = torch.amp.GradScaler(device, init_scale=init_scale)
+            autocast = functools.partial(torch.autocast, device)
         g = torch.Generator().manual_seed(1)
         x, t = torch.randn(8, 16, generator=g).to(device), torch.randint(0, 5, (8,), generator=g).to(device)
         losses = []
         for _ in range(3):
-            with torch.autocast(device, dtype=torch.float16):
+            with autocast(dtype=torch.float16):
                 loss = torch.nn.functional.cross_entropy(model(x), t)
             scaler.scale(loss).backward()
             scaler.step(opt)
@@ -150,6 +159,33 @@ def test_float16_training_with_a_grad_scaler_equals_cpus(init_scale):
     assert all(torch.equal(f, c) for f, c in zip(flagos[0], cpu[0]))
     assert all(torch.equal(f, c) for f, c in zip(flagos[1], cpu[1]))
     assert flagos[2] == cpu[2] and (flagos[2] < init_scale) == (init_scale > 2.0**16)
+
+
+def test_torch_flagos_amp_is_torch_amp_for_flagos():
+    # torch.cuda.amp's names: autocast with the device's own dtype when none
+    # is given, and custom_fwd casting inputs under it.
+    with torch.flagos.amp.autocast():
+        assert torch.get_autocast_dtype("flagos") == torch.flagos.amp.autocast().fast_dtype
+        assert torch.is_autocast_enabled("flagos")
+    assert not torch.is_autocast_enabled("flagos")
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        @torch.flagos.amp.custom_fwd(cast_inputs=torch.float32)
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        @torch.flagos.amp.custom_bwd
+        def backward(ctx, grad):
+            return grad * 2
+
+    x = torch.ones(3, device="flagos", dtype=torch.bfloat16, requires_grad=True)
+    with torch.flagos.amp.autocast(dtype=torch.bfloat16):
+        y = Double.apply(x)
+    assert y.dtype == torch.float32  # the input was cast as custom_fwd asked
+    y.sum().backward()
+    assert torch.equal(x.grad.cpu(), torch.full((3,), 2.0, dtype=torch.bfloat16))
 
 
 def test_autocast_says_nothing_entering_or_switched_off():
