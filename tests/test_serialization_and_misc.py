@@ -416,3 +416,23 @@ def test_mlp_training_matches_the_native_device_bitwise(opt_name, native_device,
     assert t.counts, "trace saw no flagos op"
     assert t.fallbacks == []
     assert all(provider != "cpu_fallback" for (_, provider) in t.counts)
+
+
+def test_legacy_tensor_types_as_torch_cuda_has_them():
+    # Tensor.type() names them; ported code tests and builds tensors with them.
+    x = torch.ones(2, 3, device="flagos")
+    assert x.type() == "torch.flagos.FloatTensor"
+    assert f"{torch.flagos.FloatTensor.__module__}.{torch.flagos.FloatTensor.__name__}" == x.type()
+    assert isinstance(x, torch.flagos.FloatTensor) and not isinstance(x, torch.flagos.LongTensor)
+    assert not isinstance(torch.ones(2), torch.flagos.FloatTensor)  # a CPU tensor
+    assert isinstance(x.long(), torch.flagos.LongTensor) and isinstance(x.bool(), torch.flagos.BoolTensor)
+    made = [torch.flagos.LongTensor(3), torch.flagos.FloatTensor(torch.Size([2, 2])), torch.flagos.HalfTensor()]
+    assert [(t.shape, t.dtype, t.device.type) for t in made] == [
+        ((3,), torch.int64, "flagos"), ((2, 2), torch.float32, "flagos"), ((0,), torch.float16, "flagos")]
+    data = torch.flagos.DoubleTensor([[1, 2], [3, 4]])
+    assert data.dtype == torch.float64 and torch.equal(data.cpu(), torch.tensor([[1.0, 2], [3, 4]], dtype=torch.float64))
+    assert torch.flagos.FloatTensor(x) is x
+    with pytest.raises(TypeError, match=r"takes a tensor of that type, got torch.flagos.LongTensor"):
+        torch.flagos.FloatTensor(x.long())
+    with pytest.raises(RuntimeError, match="makes flagos tensors, not tensors on cpu"):
+        torch.flagos.FloatTensor(2, device="cpu")
