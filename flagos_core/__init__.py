@@ -98,8 +98,24 @@ def plugins():
 
 
 def register_python_provider(name, kernels):
-    """Registers a provider whose kernels are Python callables by overload name."""
-    _C._register_python_provider(name, dict(kernels))
+    """Registers a provider whose kernels are Python callables by overload
+    name ({"add.Tensor": fn, ...}); names and kernels are checked first."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"flagos: a provider needs a non-empty name, got {name!r}")
+    kernels = dict(kernels)
+    for overload, kernel in kernels.items():
+        if not isinstance(overload, str):
+            raise TypeError(f"flagos: provider {name!r}: an overload is named by a string such as 'add.Tensor', "
+                            f"got {overload!r}")
+        try:
+            _C._route(overload)  # raises for a name the dispatcher does not know
+        except RuntimeError as e:
+            raise ValueError(f"flagos: provider {name!r}: {str(e).splitlines()[0].removeprefix('flagos: ')}") \
+                from None
+        if not callable(kernel):
+            raise TypeError(f"flagos: provider {name!r}: the kernel for {overload} must be callable, got "
+                            f"{type(kernel).__name__}")
+    _C._register_python_provider(name, kernels)
 
 
 def as_native(tensor):

@@ -82,6 +82,8 @@ def read_file(path, kind="conf", origin=None, _stack=()):
             text = f.read()
     except OSError as e:
         raise ConfError(f"{origin or path}: cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfError(f"{origin or path}: {path} is not UTF-8 text (byte {e.start} cannot be read)") from None
     parse = _parse_dotconf if path.endswith(".conf") else _parse_yaml
     includes, conf = parse(text, path, kind)
     confs = []
@@ -100,7 +102,7 @@ _ROUTE_LINE = re.compile(r"([^\s=]+)\s*=\s*([^\s=]+)")
 
 
 def _parse_dotconf(text, path, kind):
-    includes, conf = [], Conf()
+    includes, conf, seen = [], Conf(), {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -109,6 +111,10 @@ def _parse_dotconf(text, path, kind):
         if include:
             includes.append((include.group(1).strip(), number))
         elif route:
+            pattern = _canonical(route.group(1))
+            if pattern in seen:
+                raise ConfError(f"{path}:{number}: {pattern} is routed twice (first at line {seen[pattern]})")
+            seen[pattern] = number
             conf.routes.append(_rule(route.group(1), route.group(2), path, number, kind))
         else:
             raise ConfError(f"{path}:{number}: expected 'overload = provider' or 'include PATH', got {line!r}")
@@ -150,9 +156,10 @@ def _yaml_routes(node, path, kind):
     rules, seen = [], {}
     for key, value in node.value:
         pattern = _scalar(key, "an overload name or glob", path)
-        if pattern in seen:
-            raise ConfError(f"{path}:{_line(key)}: {pattern} is routed twice (first at line {seen[pattern]})")
-        seen[pattern] = _line(key)
+        if _canonical(pattern) in seen:  # add.Tensor and aten::add.Tensor are one overload
+            raise ConfError(f"{path}:{_line(key)}: {pattern} is routed twice (first at line "
+                            f"{seen[_canonical(pattern)]})")
+        seen[_canonical(pattern)] = _line(key)
         rules.append(_rule(pattern, _scalar(value, "a provider name", path), path, _line(key), kind))
     return rules
 
@@ -317,6 +324,9 @@ def _canonical(name):
 
 # overload -> layer string, as set by the last apply_all().
 _applied = {}
+# overload -> (provider, layer) of its route below the runtime API (a conf's
+# or the environment's), so that dropping an API route goes back to it.
+beneath = {}
 
 
 def layers(plugin_confs=(), environ=None):
@@ -349,6 +359,8 @@ def apply_all(plugin_confs=(), environ=None):
     routes = {name: rule for name, rule in plan.routes.items() if _C._route_layer(name) != "api"}
     _apply(routes)
     _applied.update((name, rule.layer) for name, rule in routes.items())
+    beneath.clear()
+    beneath.update((name, (rule.provider, rule.layer)) for name, rule in plan.routes.items())
     return {name: rule.provider for name, rule in routes.items()}
 
 
@@ -360,6 +372,7 @@ def load_conf(path):
     for conf in read_file(path, "conf", "load_conf"):
         plan.add(conf)
     _apply(plan.routes)
+    beneath.update((name, (rule.provider, rule.layer)) for name, rule in plan.routes.items())
     return {name: rule.provider for name, rule in plan.routes.items()}
 
 

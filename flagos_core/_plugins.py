@@ -129,6 +129,7 @@ class Plugins:
         asked for it. A provider whose registration raises is skipped, and so
         are its plugin's routing confs, which may name it."""
         explicit = bool(os.environ.get(RUNTIME_ENV))
+        failures = []
         for plugin, spec in self.choose_runtime():
             try:
                 spec.activate()
@@ -137,9 +138,13 @@ class Plugins:
                     raise PluginError(f"{RUNTIME_ENV}={spec.name}: activating it failed: "
                                       f"{type(error).__name__}: {error}") from error
                 self._problem(plugin, f"activating the {spec.name} runtime", error)
+                failures.append(f"the {spec.name} runtime: {type(error).__name__}: {error}")
                 continue
             self.owner[plugin].runtime = spec.name
             break
+        else:
+            if failures:  # none left to fall back on: say why, not later that none is active
+                raise PluginError("flagos: no device runtime could be activated; " + "; ".join(failures))
         for plugin, providers in self._impls("flagos_providers"):
             for provider in providers or []:
                 try:

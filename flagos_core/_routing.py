@@ -1,8 +1,9 @@
 """Where each ATen overload runs: query and steer the router."""
 
+import collections.abc
 import contextlib
 
-from . import _C
+from . import _C, _conf
 
 
 def providers():
@@ -20,14 +21,34 @@ def route_layer(overload):
     return _C._route_layer(overload)
 
 
+def _overload_name(overload):
+    # A name ("add.Tensor", "aten::add.Tensor") or torch.ops.aten.add.Tensor.
+    schema = getattr(overload, "_schema", None)
+    if schema is not None:
+        return f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+    if not isinstance(overload, str):
+        raise TypeError(f"flagos: an overload is named by a string such as 'add.Tensor' (or given as "
+                        f"torch.ops.aten.add.Tensor), not {type(overload).__name__}")
+    return overload
+
+
 def set_route(overload, provider):
     """Route `overload` to `provider` from now on (the runtime API layer)."""
-    _C._set_route(overload, provider, "api")
+    if not isinstance(provider, str):
+        raise TypeError(f"flagos: a provider is named by a string (flagos_core.providers() lists them), "
+                        f"not {type(provider).__name__}")
+    _C._set_route(_overload_name(overload), provider, "api")
 
 
 def clear_route(overload):
-    """Drop a runtime route; the overload goes back to its default."""
-    _C._clear_route(overload)
+    """Drop a runtime route; the overload goes back to the route a conf or
+    the environment gave it, else to its default."""
+    name = _conf._canonical(_overload_name(overload))
+    below = _conf.beneath.get(name)
+    if below is not None:
+        _C._set_route(name, *below)
+    else:
+        _C._clear_route(name)
 
 
 def set_whole_ops(enabled):
@@ -47,13 +68,21 @@ def whole_ops():
 
 @contextlib.contextmanager
 def routes(mapping):
-    """Route several overloads for the duration of a `with` block."""
-    applied = []
+    """Route several overloads for the duration of a `with` block; each goes
+    back to the route it had before (an API route, a conf's, its default)."""
+    if not isinstance(mapping, collections.abc.Mapping):
+        raise TypeError(f"flagos: routes() takes a mapping {{overload: provider}}, not {type(mapping).__name__}")
+    previous = []
     try:
         for overload, provider in mapping.items():
-            set_route(overload, provider)
-            applied.append(overload)
+            name = _overload_name(overload)
+            before = (_C._route(name), _C._route_layer(name))
+            set_route(name, provider)
+            previous.append((name, before))
         yield
     finally:
-        for overload in applied:
-            clear_route(overload)
+        for name, (provider, layer) in reversed(previous):
+            if layer == "api":
+                _C._set_route(name, provider, "api")
+            else:
+                clear_route(name)

@@ -1,10 +1,14 @@
 """`with flagos_core.trace() as t:` counts which provider served each overload."""
 
 import contextlib
+import threading
 
 from . import _C
 
 FALLBACK_PROVIDER = "cpu_fallback"
+
+_lock = threading.Lock()
+_open = 0  # traces open now, in any thread
 
 
 class Trace:
@@ -26,9 +30,22 @@ class Trace:
 
 @contextlib.contextmanager
 def trace():
+    """Counts the calls made while the block runs, in every thread. Inside
+    another trace, the counts are this block's own: the process keeps one
+    set of counters, so the counts at entry are taken off at exit."""
+    global _open
     t = Trace()
-    _C._trace_begin()
+    with _lock:
+        start = {}
+        if _open:  # the open traces' counts so far (an end and a begin leave them counting)
+            _C._trace_begin()
+            start = dict(_C._trace_end())
+        _C._trace_begin()  # with none open, starts the counters from zero
+        _open += 1
     try:
         yield t
     finally:
-        t.counts = dict(_C._trace_end())
+        with _lock:
+            end = dict(_C._trace_end())
+            _open -= 1
+        t.counts = {key: n - start.get(key, 0) for key, n in end.items() if n != start.get(key, 0)}

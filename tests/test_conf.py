@@ -22,6 +22,7 @@ def restore_routes(monkeypatch):
     """Routes are process-global: put every one back as it was."""
     before = {name: (_C._route(name), _C._route_layer(name)) for name in _C._slot_names()}
     monkeypatch.setattr(_conf, "_applied", dict(_conf._applied))
+    monkeypatch.setattr(_conf, "beneath", dict(_conf.beneath))
     yield
     for name, (provider, layer) in before.items():
         if (_C._route(name), _C._route_layer(name)) != (provider, layer):
@@ -174,6 +175,20 @@ def test_dotconf_bad_line_names_file_and_line(tmp_path):
     assert message.startswith(f"{path}:2: expected 'overload = provider' or 'include PATH'")
 
 
+def test_an_overload_routed_twice_in_one_file_is_an_error(tmp_path):
+    message, path = conf_error(tmp_path, "add.Tensor = host\nadd.Tensor = cpu_fallback\n", name="twice.conf")
+    assert message == f"{path}:2: add.Tensor is routed twice (first at line 1)"
+    message, path = conf_error(tmp_path, "routes:\n  add.Tensor: host\n  aten::add.Tensor: cpu_fallback\n")
+    assert message == f"{path}:3: aten::add.Tensor is routed twice (first at line 2)"
+
+
+def test_a_file_that_is_not_utf8_is_a_conf_error(tmp_path):
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(b"\xff\xfe x\n")
+    with pytest.raises(flagos_core.ConfError, match=f"{path} is not UTF-8 text"):
+        flagos_core.load_conf(path)
+
+
 def test_nothing_is_applied_when_a_file_has_an_error(tmp_path):
     before = flagos_core.route_layer("add.Tensor")
     message, path = conf_error(tmp_path, "routes:\n  add.Tensor: cpu_fallback\n  mul.Tensor: nope\n")
@@ -307,6 +322,39 @@ def test_env_var_routes_at_import_and_results_match_cpu():
     assert third == "cpu_fallback env:FLAGOS_OP___and____Tensor"  # outside the generated table
 
 
+def test_dropping_an_api_route_goes_back_to_the_layer_beneath(tmp_path):
+    # routes() restores what each overload had; clear_route drops the API
+    # layer only, back to a conf's or the environment's route.
+    path = write(tmp_path / "c.yaml", "routes:\n  mul.Tensor: cpu_fallback\n")
+    result = run_python("""\
+        import torch, flagos_core as fc
+        def show(op): print(fc.route(op), fc.route_layer(op))
+        with fc.routes({"mul.Tensor": "NATIVE", "add.Tensor": "NATIVE"}):
+            show("mul.Tensor")
+        show("mul.Tensor"); show("add.Tensor")
+        fc.set_route(torch.ops.aten.add.Tensor, "NATIVE"); fc.clear_route("aten::add.Tensor"); show("add.Tensor")
+        fc.set_route("neg", "cpu_fallback")
+        with fc.routes({"neg": "NATIVE"}):
+            pass
+        show("neg")
+        fc.clear_route("neg"); show("neg")
+        """.replace("NATIVE", NATIVE), FLAGOS_CONF=str(path), FLAGOS_OP_add__Tensor="cpu_fallback")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"{NATIVE} api", f"cpu_fallback conf:{path}:2", "cpu_fallback env:FLAGOS_OP_add__Tensor",
+        "cpu_fallback env:FLAGOS_OP_add__Tensor", "cpu_fallback api", f"{NATIVE} default"]
+
+
+def test_routing_calls_name_wrong_argument_types():
+    with pytest.raises(TypeError, match="an overload is named by a string such as 'add.Tensor'"):
+        flagos_core.set_route(None, NATIVE)
+    with pytest.raises(TypeError, match="a provider is named by a string"):
+        flagos_core.set_route("add.Tensor", 3)
+    with pytest.raises(TypeError, match=r"routes\(\) takes a mapping"):
+        with flagos_core.routes(["add.Tensor"]):
+            pass
+
+
 def test_flagos_conf_is_applied_at_import(tmp_path):
     path = write(tmp_path / "c.yaml", "routes:\n  mul.Tensor: cpu_fallback\n")
     result = run_python(
@@ -335,3 +383,40 @@ def test_log_dispatch_env_var():
     assert f"flagos: add.Tensor -> {NATIVE}" in result.stderr.splitlines()
     assert "flagos:" not in run_python(code).stderr
     assert "FLAGOS_LOG_DISPATCH: expected 1 or 0" in run_python(code, FLAGOS_LOG_DISPATCH="maybe").stderr
+
+
+def test_a_python_provider_is_checked_when_registered():
+    # Nothing is registered when a name or kernel is wrong.
+    with pytest.raises(ValueError, match="a provider needs a non-empty name"):
+        flagos_core.register_python_provider("", {})
+    with pytest.raises(ValueError, match="provider 'checked': unknown operator overload 'add.Tensr'"):
+        flagos_core.register_python_provider("checked", {"add.Tensr": lambda *args: None})
+    with pytest.raises(TypeError, match="the kernel for add.Tensor must be callable, got int"):
+        flagos_core.register_python_provider("checked", {"add.Tensor": 5})
+    assert "checked" not in flagos_core.providers()
+
+
+@pytest.mark.parametrize("overload,why", [
+    ("view", "it returns a view of its input"),
+    ("as_strided", "it returns a view of its input"),
+    ("resize_", "it changes its input's storage, size or strides in place"),
+    ("transpose_", "it changes its input's storage, size or strides in place"),
+    ("set_.source_Storage", "it changes its input's storage, size or strides in place"),
+])
+def test_cpu_fallback_refuses_ops_a_copy_would_break(overload, why):
+    # Through a copy to the CPU and back a view would come back a copy (writes
+    # to it lost), and resize_ recursed until the stack overflowed.
+    with pytest.raises(RuntimeError, match=f"cpu_fallback cannot serve {overload}: {why}"):
+        flagos_core.set_route(overload, "cpu_fallback")
+    assert flagos_core.route(overload) != "cpu_fallback"
+
+
+def test_a_default_to_cpu_fallback_keeps_views_on_their_provider(tmp_path):
+    path = write(tmp_path / "all.yaml", "default: cpu_fallback\n")
+    flagos_core.load_conf(path)
+    assert flagos_core.route("view") == NATIVE and flagos_core.route("add.Tensor") == "cpu_fallback"
+    a = torch.zeros(4, device="flagos")
+    b = a.view(2, 2)
+    b[0, 0] = 5
+    a.resize_(6)
+    assert a.cpu().tolist()[:4] == [5.0, 0.0, 0.0, 0.0]

@@ -288,3 +288,17 @@ def test_setting_data_moves_a_parameter_as_on_the_native_device(native_device, t
     assert all(torch.equal(f.cpu(), n.cpu()) for f, n in zip(flagos_grads, native_grads))
     with pytest.raises(RuntimeError, match="incompatible tensor type"):  # sparse data stays refused, as natively
         torch.ones(2, device="flagos").data = torch.ones(2).to_sparse()
+
+
+def test_a_nested_trace_counts_its_own_calls():
+    x = torch.ones(3, device="flagos")
+    with flagos_core.trace() as outer:
+        x.neg()
+        with flagos_core.trace() as inner:
+            x.exp()
+        with flagos_core.trace() as second:
+            x.sin()
+        x.cos()
+    assert {op for op, _ in inner.counts} == {"exp"}
+    assert {op for op, _ in second.counts} == {"sin"}
+    assert {"neg", "exp", "sin", "cos"} <= {op for op, _ in outer.counts}

@@ -58,3 +58,19 @@ def test_asking_for_the_broken_runtime_is_a_clear_error(plugins, monkeypatch):
     monkeypatch.setenv("FLAGOS_RUNTIME", "broken")
     with pytest.raises(_plugins.PluginError, match="FLAGOS_RUNTIME=broken: activating it failed: RuntimeError: no device answers"):
         plugins.activate()
+
+
+def test_when_no_runtime_activates_the_error_says_why():
+    # The host runtime refuses a bad FLAGOS_HOST_DEVICES; with nothing to fall
+    # back on, importing names that, not a later "no runtime is active".
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLAGOS_")}
+    out = subprocess.run([sys.executable, "-c", "import torch, flagos_core"], capture_output=True, text=True,
+                         timeout=120, env={**env, "FLAGOS_HOST_DEVICES": "0", "FLAGOS_DISCOVER_PLUGINS": "0"})
+    assert out.returncode != 0
+    assert ("no device runtime could be activated; the host runtime: ValueError: FLAGOS_HOST_DEVICES must be "
+            "between 1 and 64, got 0") in out.stderr
+    assert "import flagos_core (or torch, which autoloads it) first" not in out.stderr

@@ -148,6 +148,40 @@ def test_grad_mode_decides_not_the_weights_flag():
     assert set(counts) == {("linear", PROVIDER)}
 
 
+def _batched_with_parameters(device):
+    # Self-contained. Under no_grad and inference mode, with weights that
+    # require grad (a model's, in eval or generate): non-contiguous batched
+    # inputs, whose matmul folds or stays batched by the weight's flag.
+    torch.manual_seed(0)
+    w, b, x = torch.randn(48, 64), torch.randn(48), torch.randn(2, 6, 64)
+    w = w.to(device).requires_grad_()
+    b = b.to(device).requires_grad_()
+    x = x.to(device)
+    mha = torch.nn.MultiheadAttention(64, 4, batch_first=True).to(device).eval()
+    results = []
+    for context in (torch.no_grad, torch.inference_mode):
+        with context():
+            for inp in (x[:, -1:], x.transpose(0, 1), x[:, ::2], x):
+                results += [torch.nn.functional.linear(inp, w), torch.nn.functional.linear(inp, w, b),
+                            torch.matmul(inp, w.t())]
+            results.append(mha(x[:, -2:], x, x, need_weights=False)[0])
+    return results
+
+
+def test_parameters_outside_grad_mode_choose_as_natively(tmp_path):
+    # Native aliases carry no requires_grad; matmul reads it (fold or stay
+    # batched), so such calls decompose on flagos, and contiguous ones, where
+    # the choice cannot differ, still run whole.
+    compare_with_native(_batched_with_parameters, NATIVE, tmp_path)
+    t = make_inputs("flagos")
+    w = torch.nn.Parameter(t["w"])
+    with torch.no_grad():
+        _, whole = traced_ops(F.linear, t["x"], w)
+        _, decomposed = traced_ops(F.linear, t["x"].transpose(0, 1), w)
+    assert set(whole) == {("linear", PROVIDER)}
+    assert ("linear", PROVIDER) not in decomposed
+
+
 def test_forward_mode_gradients_decompose_and_equal_the_native_devices():
     def jvp(device):
         t = make_inputs(device)

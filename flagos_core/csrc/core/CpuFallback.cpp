@@ -5,23 +5,47 @@
 #include <flagos/Relabel.h>
 #include <flagos/Router.h>
 
+#include "core/RouterInternal.h"
+
 #include <ATen/ATen.h>
+#include <ATen/core/enum_tag.h>
 
 namespace flagos {
+
+std::string detail::cpuFallbackRefusal(const c10::OperatorHandle& op) {
+  for (const c10::Argument& r : op.schema().returns()) {
+    if (r.alias_info() != nullptr && !r.alias_info()->isWrite()) {
+      return "it returns a view of its input, and through a copy to the CPU and back the result would be a copy "
+             "(writes to it would not reach the input)";
+    }
+  }
+  const std::string& name = op.operator_name().name;
+  if (op.hasTag(at::Tag::inplace_view) || name == "aten::resize_" || name == "aten::resize_as_" ||
+      name == "aten::set_" || name == "aten::_resize_output_") {
+    return "it changes its input's storage, size or strides in place, which it would do to a CPU copy";
+  }
+  return "";
+}
+
 namespace {
 
 class CpuFallbackProvider final : public KernelProvider {
  public:
   CpuFallbackProvider() : KernelProvider("cpu_fallback") {}
 
+  // A CPU kernel, and an op whose effect survives copying (see cpuFallbackRefusal).
   bool canServe(const c10::OperatorHandle& op) const override {
-    return op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU);
+    return op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU) && detail::cpuFallbackRefusal(op).empty();
   }
 
   void call(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack, const OpSlotInfo&) override {
     // The router's last resort: an overload no provider serves ends here.
     // Say so, rather than let PyTorch report a missing CPU kernel for tensors
     // the caller made on flagos.
+    const std::string refusal = detail::cpuFallbackRefusal(op);
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        refusal.empty(), "flagos: no provider serves ", op.operator_name(), " on the ", activeRuntime().name(),
+        " runtime, and cpu_fallback cannot: ", refusal);
     TORCH_CHECK_NOT_IMPLEMENTED(
         canServe(op), "flagos: no provider has a kernel for ", op.operator_name(), " on the ",
         activeRuntime().name(), " runtime: its own provider has none, and neither has the CPU, where cpu_fallback "

@@ -351,6 +351,10 @@ void setRoute(const std::string& overload, const std::string& provider_name, con
   TORCH_CHECK(
       provider != nullptr, "flagos: unknown provider '", provider_name, "' for ", name,
       "; valid providers: ", r.providerListLocked());
+  if (handle && !provider->canServe(*handle) && provider_name == "cpu_fallback") {
+    const std::string refusal = detail::cpuFallbackRefusal(*handle);
+    TORCH_CHECK(refusal.empty(), "flagos: cpu_fallback cannot serve ", name, ": ", refusal);
+  }
   TORCH_CHECK(
       !handle || provider->canServe(*handle), "flagos: provider '", provider_name,
       "' has no kernel for ", name);

@@ -5,6 +5,8 @@
 
 #include <flagos/Provider.h>
 
+#include <string>
+
 namespace flagos::detail {
 
 struct SlotCall {
@@ -35,5 +37,12 @@ bool wholeCallsOn();
 // The arguments `schema` writes (in-place, out=): bit i for argument i, the
 // first 64 (CallState::writeBackWritten checks any later one anyway).
 uint64_t writtenArguments(const c10::FunctionSchema& schema);
+
+// Why cpu_fallback cannot serve `op` although the CPU has a kernel for it, or
+// "" where it can. It copies tensors to the CPU and back: a view would come
+// back a copy, and an op that changes a tensor's storage or geometry in place
+// (resize_, set_, transpose_) would change the copy (resize_ through it
+// recursed until the stack overflowed).
+std::string cpuFallbackRefusal(const c10::OperatorHandle& op);
 
 } // namespace flagos::detail

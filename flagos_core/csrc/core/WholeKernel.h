@@ -13,7 +13,9 @@
 // construction (the same kernels, picked by the native device's own checks).
 //
 // With autograd (grad mode and a tensor that requires grad, or a
-// forward-mode gradient), with tensors that are not plain flagos tensors
+// forward-mode gradient), where the native composite would read a
+// requires_grad the aliases lack (sameChoiceWithoutGradState), with tensors
+// that are not plain flagos tensors
 // (FakeTensor, functionalization, conjugate views, other devices), or while
 // a route might be bypassed (detail::wholeCallsOn), the op decomposes on
 // flagos as before: its composite kernel, called directly. Inference mode
@@ -81,6 +83,53 @@ struct Condition<at::_ops::scaled_dot_product_attention> {
   }
 };
 
+// PyTorch's composites read requires_grad outside grad mode too, and native
+// aliases carry no autograd state. matmul (and linear through it) folds a
+// batched operand into one matrix product when the other operand requires
+// grad (should_fold), else keeps a batched operand that cannot be viewed as
+// a matrix batched: another kernel, other roundings. So where an argument
+// requires grad the call runs whole only where that choice cannot differ:
+// every tensor of 3 or more dimensions contiguous (always folded). SDPA's
+// backend checks read requires_grad as well: there, none may require it.
+template <class Op>
+struct ReadsRequiresGradAlways : std::false_type {};
+template <>
+struct ReadsRequiresGradAlways<at::_ops::scaled_dot_product_attention> : std::true_type {};
+
+template <class T>
+C10_ALWAYS_INLINE bool requiresGrad(const std::remove_reference_t<T>& arg) {
+  using D = std::decay_t<T>;
+  if constexpr (std::is_same_v<D, at::Tensor>) {
+    return arg.defined() && arg.requires_grad();
+  } else if constexpr (std::is_same_v<D, std::optional<at::Tensor>>) {
+    return arg.has_value() && arg->defined() && arg->requires_grad();
+  } else {
+    return false;
+  }
+}
+
+template <class T>
+C10_ALWAYS_INLINE bool batchedNonContiguous(const std::remove_reference_t<T>& arg) {
+  using D = std::decay_t<T>;
+  if constexpr (std::is_same_v<D, at::Tensor>) {
+    return arg.defined() && arg.dim() >= 3 && !arg.is_contiguous();
+  } else if constexpr (std::is_same_v<D, std::optional<at::Tensor>>) {
+    return arg.has_value() && arg->defined() && arg->dim() >= 3 && !arg->is_contiguous();
+  } else {
+    return false;
+  }
+}
+
+// Whether the native composite, on aliases without requires_grad, would
+// choose as it does on tensors with it.
+template <class Op, class... A>
+C10_ALWAYS_INLINE bool sameChoiceWithoutGradState(const std::remove_reference_t<A>&... args) {
+  if (!(requiresGrad<A>(args) || ...)) {
+    return true;
+  }
+  return !ReadsRequiresGradAlways<Op>::value && !(batchedNonContiguous<A>(args) || ...);
+}
+
 } // namespace whole
 
 template <class Op, size_t Slot, class Decompose, class Sig = typename Op::schema>
@@ -94,7 +143,7 @@ struct WholeKernel<Op, Slot, Decompose, R(A...)> {
     const bool grad_mode = c10::GradMode::is_enabled();
     const c10::DispatchKeySet plain = plainFlagosKeys();
     if ((whole::plainArgument<A>(args, grad_mode, plain) && ...) && whole::Condition<Op>::holds(args...) &&
-        detail::wholeCallsOn()) {
+        whole::sameChoiceWithoutGradState<Op, A...>(args...) && detail::wholeCallsOn()) {
       return Routed::call(keys, std::forward<A>(args)...);
     }
     return Decompose::call(std::forward<A>(args)...);
