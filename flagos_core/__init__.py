@@ -107,11 +107,14 @@ def register_python_provider(name, kernels):
         if not isinstance(overload, str):
             raise TypeError(f"flagos: provider {name!r}: an overload is named by a string such as 'add.Tensor', "
                             f"got {overload!r}")
+        # Known to the dispatcher? (Without resolving the overload's route,
+        # which would settle it before this provider exists.)
+        qualified = overload if "::" in overload else f"aten::{overload}"
+        op, _, overload_name = qualified.partition(".")
         try:
-            _C._route(overload)  # raises for a name the dispatcher does not know
-        except RuntimeError as e:
-            raise ValueError(f"flagos: provider {name!r}: {str(e).splitlines()[0].removeprefix('flagos: ')}") \
-                from None
+            _torch._C._dispatch_find_schema_or_throw(op, overload_name)
+        except RuntimeError:
+            raise ValueError(f"flagos: provider {name!r}: unknown operator overload {overload!r}") from None
         if not callable(kernel):
             raise TypeError(f"flagos: provider {name!r}: the kernel for {overload} must be callable, got "
                             f"{type(kernel).__name__}")
