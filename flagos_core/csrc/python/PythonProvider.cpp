@@ -6,6 +6,7 @@
 
 #include <flagos/Router.h>
 
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <mutex>
@@ -42,6 +43,10 @@ class PythonProvider final : public KernelProvider {
     py::gil_scoped_acquire gil;
     auto found = kernels_.find(overloadName(op));
     TORCH_CHECK(found != kernels_.end(), "flagos: provider '", name(), "' has no kernel for ", op.operator_name());
+    bool flagos_input = false;
+    for (const c10::IValue& v : args) {
+      flagos_input = flagos_input || (v.isTensor() && v.toTensor().device().type() == c10::DeviceType::PrivateUse1);
+    }
     py::tuple py_args(nargs);
     for (size_t i = 0; i < nargs; ++i) {
       py_args[i] = torch::jit::toPyObject(std::move(args[i]));
@@ -50,17 +55,43 @@ class PythonProvider final : public KernelProvider {
 
     const auto& returns = schema.returns();
     if (returns.size() == 1) {
-      stack->push_back(torch::jit::toIValue(result, returns[0].real_type()));
+      stack->push_back(checkedResult(op, result, returns[0], 0, flagos_input));
     } else if (!returns.empty()) {
       auto items = py::cast<py::sequence>(result);
       TORCH_CHECK(
           items.size() == returns.size(), "flagos: provider '", name(), "' returned ", items.size(),
           " values for ", op.operator_name(), ", which returns ", returns.size());
       for (size_t i = 0; i < returns.size(); ++i) {
-        stack->push_back(torch::jit::toIValue(items[i], returns[i].real_type()));
+        stack->push_back(checkedResult(op, items[i], returns[i], i, flagos_input));
       }
     }
   }
+
+ private:
+  // A kernel's result as the schema's type. A Tensor result must be a tensor
+  // (not None), and for a call on flagos tensors a flagos one: otherwise the
+  // caller got None or another device's tensor, silently.
+  c10::IValue checkedResult(
+      const c10::OperatorHandle& op,
+      py::handle value,
+      const c10::Argument& ret,
+      size_t index,
+      bool flagos_input) const {
+    if (ret.real_type()->kind() == c10::TypeKind::TensorType) {
+      TORCH_CHECK(
+          THPVariable_Check(value.ptr()), "flagos: provider '", name(), "' returned ",
+          py::str(py::type::handle_of(value).attr("__name__")).cast<std::string>(), " as result ", index, " of ",
+          op.operator_name(), ", which is a Tensor");
+      const at::Tensor& t = THPVariable_Unpack(value.ptr());
+      TORCH_CHECK(
+          !flagos_input || !t.defined() || t.device().type() == c10::DeviceType::PrivateUse1, "flagos: provider '",
+          name(), "' returned a tensor on ", t.device(), " as result ", index, " of ", op.operator_name(),
+          ", called on flagos tensors: return flagos tensors (.to(the input's device))");
+    }
+    return torch::jit::toIValue(value, ret.real_type());
+  }
+
+ public:
 
  private:
   std::unordered_map<std::string, py::object> kernels_;
