@@ -156,10 +156,10 @@ def _yaml_routes(node, path, kind):
     rules, seen = [], {}
     for key, value in node.value:
         pattern = _scalar(key, "an overload name or glob", path)
-        if _canonical(pattern) in seen:  # add.Tensor and aten::add.Tensor are one overload
-            raise ConfError(f"{path}:{_line(key)}: {pattern} is routed twice (first at line "
-                            f"{seen[_canonical(pattern)]})")
-        seen[_canonical(pattern)] = _line(key)
+        overload = _canonical(pattern)  # add.Tensor and aten::add.Tensor are one overload
+        if overload in seen:
+            raise ConfError(f"{path}:{_line(key)}: {pattern} is routed twice (first at line {seen[overload]})")
+        seen[overload] = _line(key)
         rules.append(_rule(pattern, _scalar(value, "a provider name", path), path, _line(key), kind))
     return rules
 

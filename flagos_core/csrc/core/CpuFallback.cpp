@@ -47,7 +47,8 @@ class CpuFallbackProvider final : public KernelProvider {
         refusal.empty(), "flagos: no provider serves ", op.operator_name(), " on the ", activeRuntime().name(),
         " runtime, and cpu_fallback cannot: ", refusal);
     TORCH_CHECK_NOT_IMPLEMENTED(
-        canServe(op), "flagos: no provider has a kernel for ", op.operator_name(), " on the ",
+        op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU), "flagos: no provider has a kernel for ",
+        op.operator_name(), " on the ",
         activeRuntime().name(), " runtime: its own provider has none, and neither has the CPU, where cpu_fallback "
         "would run it. PyTorch implements it for other devices only. `python -m flagos_core ops` counts such "
         "overloads; a plugin can serve them (docs/plugin-guide.md).");

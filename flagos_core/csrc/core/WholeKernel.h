@@ -96,25 +96,15 @@ struct ReadsRequiresGradAlways : std::false_type {};
 template <>
 struct ReadsRequiresGradAlways<at::_ops::scaled_dot_product_attention> : std::true_type {};
 
-template <class T>
-C10_ALWAYS_INLINE bool requiresGrad(const std::remove_reference_t<T>& arg) {
+// Whether argument `arg` is a defined tensor (or optional tensor) for which
+// `test` holds; false for other arguments.
+template <class T, class Test>
+C10_ALWAYS_INLINE bool tensorWhere(const std::remove_reference_t<T>& arg, Test test) {
   using D = std::decay_t<T>;
   if constexpr (std::is_same_v<D, at::Tensor>) {
-    return arg.defined() && arg.requires_grad();
+    return arg.defined() && test(arg);
   } else if constexpr (std::is_same_v<D, std::optional<at::Tensor>>) {
-    return arg.has_value() && arg->defined() && arg->requires_grad();
-  } else {
-    return false;
-  }
-}
-
-template <class T>
-C10_ALWAYS_INLINE bool batchedNonContiguous(const std::remove_reference_t<T>& arg) {
-  using D = std::decay_t<T>;
-  if constexpr (std::is_same_v<D, at::Tensor>) {
-    return arg.defined() && arg.dim() >= 3 && !arg.is_contiguous();
-  } else if constexpr (std::is_same_v<D, std::optional<at::Tensor>>) {
-    return arg.has_value() && arg->defined() && arg->dim() >= 3 && !arg->is_contiguous();
+    return arg.has_value() && arg->defined() && test(*arg);
   } else {
     return false;
   }
@@ -124,10 +114,12 @@ C10_ALWAYS_INLINE bool batchedNonContiguous(const std::remove_reference_t<T>& ar
 // choose as it does on tensors with it.
 template <class Op, class... A>
 C10_ALWAYS_INLINE bool sameChoiceWithoutGradState(const std::remove_reference_t<A>&... args) {
-  if (!(requiresGrad<A>(args) || ...)) {
+  const auto requires_grad = [](const at::Tensor& t) { return t.requires_grad(); };
+  if (!(tensorWhere<A>(args, requires_grad) || ...)) {
     return true;
   }
-  return !ReadsRequiresGradAlways<Op>::value && !(batchedNonContiguous<A>(args) || ...);
+  const auto batched_non_contiguous = [](const at::Tensor& t) { return t.dim() >= 3 && !t.is_contiguous(); };
+  return !ReadsRequiresGradAlways<Op>::value && !(tensorWhere<A>(args, batched_non_contiguous) || ...);
 }
 
 } // namespace whole

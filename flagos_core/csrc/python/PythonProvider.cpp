@@ -91,9 +91,6 @@ class PythonProvider final : public KernelProvider {
     return torch::jit::toIValue(value, ret.real_type());
   }
 
- public:
-
- private:
   std::unordered_map<std::string, py::object> kernels_;
 };
 
