@@ -79,3 +79,25 @@ def test_default_generators_are_the_devices_default_ones():
     b = torch.randn(5, device="flagos")
     assert torch.equal(a.cpu(), b.cpu()) and gens[0].initial_seed() == 7
     assert torch.flagos._get_generator(torch.device("flagos", 0)).initial_seed() == 7
+
+
+def test_a_generator_of_another_device_is_refused_as_natively(native_device):
+    # Native kernels refuse a generator of another device type; flagos did
+    # not: a CPU one drew the CPU's numbers for flagos tensors, and a flagos
+    # one brought CPU calls to flagos by its dispatch key.
+    cpu_gen = torch.Generator()
+    with pytest.raises(RuntimeError, match="Expected a 'flagos' device type for generator but found 'cpu'"):
+        torch.randn(3, device="flagos", generator=cpu_gen)
+    with pytest.raises(RuntimeError, match="Expected a 'flagos' device type for generator but found 'cpu'"):
+        torch.empty(3, device="flagos").normal_(generator=cpu_gen)
+    flagos_gen = torch.Generator(device="flagos")
+    with pytest.raises(RuntimeError, match="Expected a 'cpu' device type for generator but found 'flagos'"):
+        torch.empty(3).normal_(generator=flagos_gen)
+    with pytest.raises(RuntimeError, match="Expected a 'cpu' device type for generator but found 'flagos'"):
+        torch.randn(3, generator=torch.flagos.default_generators[0])
+    # The call's own device's generator still works, and gives the native
+    # device's numbers for the same seed.
+    flagos_gen.manual_seed(5)
+    got = torch.randn(3, device="flagos", generator=flagos_gen)
+    native_gen = torch.Generator(device=native_device).manual_seed(5)
+    assert torch.equal(got.cpu(), torch.randn(3, device=native_device, generator=native_gen).cpu())

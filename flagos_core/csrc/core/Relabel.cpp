@@ -82,6 +82,20 @@ namespace {
       storage.device(), "\".  This is no longer allowed; the devices must match.");
 }
 
+// A generator must be of the call's device, as native kernels demand of
+// theirs (PyTorch's "Expected a 'cuda' device type for generator"). A CPU
+// one given to a flagos call would draw the CPU's numbers on the host
+// runtime, and reach a CUDA kernel on a GPU; a flagos one brings a call on
+// CPU tensors here by its dispatch key alone.
+C10_NOINLINE void checkGenerator(const detail::CallState& state, const at::Generator& gen) {
+  const c10::DeviceType expected = state.device ? c10::DeviceType::PrivateUse1
+      : state.foreign                            ? state.foreign->first.type()
+                                                 : c10::DeviceType::CPU;
+  TORCH_CHECK(
+      gen.device().type() == expected, "Expected a '", c10::DeviceTypeName(expected, true),
+      "' device type for generator but found '", c10::DeviceTypeName(gen.device().type(), true), "'");
+}
+
 } // namespace
 
 // The boxed path; TypedKernel.h runs the same steps on typed arguments.
@@ -163,6 +177,9 @@ void RelabelProvider::call(
   const c10::DeviceIndex index = state.settleDevice(guard);
   for (size_t i : generator_args) {
     c10::IValue& v = (*stack)[first + i];
+    if (v.isGenerator()) {
+      checkGenerator(state, v.toGenerator());
+    }
     v = rt.nativeGenerator(v.isGenerator() ? v.toGenerator() : rt.defaultGenerator(index));
   }
   {
