@@ -1,14 +1,10 @@
 """`with flagos_core.trace() as t:` counts which provider served each overload."""
 
 import contextlib
-import threading
 
 from . import _C
 
 FALLBACK_PROVIDER = "cpu_fallback"
-
-_lock = threading.Lock()
-_open = 0  # traces open now, in any thread
 
 
 class Trace:
@@ -33,19 +29,10 @@ def trace():
     """Counts the calls made while the block runs, in every thread. Inside
     another trace, the counts are this block's own: the process keeps one
     set of counters, so the counts at entry are taken off at exit."""
-    global _open
     t = Trace()
-    with _lock:
-        start = {}
-        if _open:  # the open traces' counts so far (an end and a begin leave them counting)
-            _C._trace_begin()
-            start = dict(_C._trace_end())
-        _C._trace_begin()  # with none open, starts the counters from zero
-        _open += 1
+    start = _C._trace_begin()  # empty for the first trace open, which starts the counters from zero
     try:
         yield t
     finally:
-        with _lock:
-            end = dict(_C._trace_end())
-            _open -= 1
+        end = _C._trace_end()
         t.counts = {key: n - start.get(key, 0) for key, n in end.items() if n != start.get(key, 0)}

@@ -437,20 +437,10 @@ void setLogDispatch(bool enabled) {
   router().log_dispatch.store(enabled);
 }
 
-void traceBegin() {
-  Router& r = router();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  if (r.trace_depth.fetch_add(1) == 0) {
-    for (size_t i = 0; i < r.capacity * kMaxProviders; ++i) {
-      r.counters[i].store(0, std::memory_order_relaxed);
-    }
-  }
-}
+namespace {
 
-std::map<std::pair<std::string, std::string>, uint64_t> traceEnd() {
-  Router& r = router();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  std::map<std::pair<std::string, std::string>, uint64_t> counts;
+TraceCounts traceCountsLocked(Router& r) {
+  TraceCounts counts;
   for (size_t s = 0; s < r.slot_count; ++s) {
     for (size_t p = 0; p < r.providers.size(); ++p) {
       const uint64_t n = r.counters[s * kMaxProviders + p].load(std::memory_order_relaxed);
@@ -459,6 +449,27 @@ std::map<std::pair<std::string, std::string>, uint64_t> traceEnd() {
       }
     }
   }
+  return counts;
+}
+
+} // namespace
+
+TraceCounts traceBegin() {
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.trace_depth.fetch_add(1) > 0) {
+    return traceCountsLocked(r);
+  }
+  for (size_t i = 0; i < r.capacity * kMaxProviders; ++i) {
+    r.counters[i].store(0, std::memory_order_relaxed);
+  }
+  return {};
+}
+
+TraceCounts traceEnd() {
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  TraceCounts counts = traceCountsLocked(r);
   if (r.trace_depth.load() > 0) {
     r.trace_depth.fetch_sub(1);
   }

@@ -137,12 +137,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_log_dispatch", &setLogDispatch);
   m.def("_set_whole_ops", &setWholeOps);
   m.def("_whole_ops_on", &wholeOpsOn);
-  m.def("_trace_begin", &traceBegin);
-  m.def("_trace_end", [] {
+  auto as_dict = [](const TraceCounts& counts) {
     py::dict out;
-    for (const auto& [key, count] : traceEnd()) {
+    for (const auto& [key, count] : counts) {
       out[py::make_tuple(key.first, key.second)] = count;
     }
     return out;
-  });
+  };
+  m.def("_trace_begin", [as_dict] { return as_dict(traceBegin()); });
+  m.def("_trace_end", [as_dict] { return as_dict(traceEnd()); });
 }

@@ -51,7 +51,11 @@ FLAGOS_API bool wholeOpsOn();
 FLAGOS_API void setLogDispatch(bool enabled);
 
 // Tracing: counts per (overload, provider) while at least one trace is open.
-FLAGOS_API void traceBegin();
-FLAGOS_API std::map<std::pair<std::string, std::string>, uint64_t> traceEnd();
+// A trace opened inside another gets the counts so far (empty for the first,
+// which starts them from zero), so it can count only its own calls; the end
+// of a trace gives the counts at its end.
+using TraceCounts = std::map<std::pair<std::string, std::string>, uint64_t>;
+FLAGOS_API TraceCounts traceBegin();
+FLAGOS_API TraceCounts traceEnd();
 
 } // namespace flagos
