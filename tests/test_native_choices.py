@@ -4,7 +4,8 @@ the native device's choice on flagos (core/NativeChoices.cpp): batch_norm
 where native CUDA does, so outputs, gradients and running statistics equal the native
 device's bitwise, and the trace shows the native device's kernels. dropout
 fuses where the native device's does (CUDA), and multiplies by a scaled
-mask where it does not (CPU, the host runtime)."""
+mask where it does not (CPU, the host runtime). one_hot checks its classes
+as the native device does (codegen/whole_ops.txt runs it whole)."""
 
 import pytest
 import torch
@@ -240,3 +241,30 @@ def test_invalid_arguments_raise_the_composite_error():
         torch.nn.functional.batch_norm(x, torch.zeros(5, device="flagos"), torch.ones(5, device="flagos"))
     with pytest.raises(RuntimeError, match="running_mean must be defined in evaluation mode"):
         torch.batch_norm(x, None, None, None, None, False, 0.1, 1e-5, True)
+
+
+def _one_hot(device):
+    classes = torch.tensor([[0, 3, 1], [2, 2, 4]]).to(device)
+    return [torch.nn.functional.one_hot(classes), torch.nn.functional.one_hot(classes, 7),
+            torch.nn.functional.one_hot(classes[:, 1:], -1)]
+
+
+def test_one_hot_equals_the_native_device(tmp_path):
+    native = results_on_native(_one_hot, native_device(), tmp_path)
+    classes = torch.tensor([0, 2, 1], device="flagos")
+    with flagos_core.trace() as t:
+        assert_matches_native(_one_hot(torch.device("flagos")), native)
+        torch.nn.functional.one_hot(classes, 3)
+    assert ("one_hot", flagos_core.runtime()["name"]) in t.counts  # one call on the native device
+
+
+@pytest.mark.skipif(native_device().type != "cpu", reason="native CUDA reports bad classes by a device-side assert")
+def test_one_hot_checks_classes_as_the_native_device():
+    # PyTorch's one_hot checks the class range for CPU tensors and leaves it
+    # to the kernel on accelerators. On the host runtime flagos runs it
+    # whole on the CPU, so the CPU's messages come.
+    for bad, message in [([0, -1], "Class values must be non-negative"),
+                         ([0, 3], "Class values must be smaller than num_classes")]:
+        for device in ("cpu", "flagos"):
+            with pytest.raises(RuntimeError, match=message):
+                torch.nn.functional.one_hot(torch.tensor(bad, device=device), 3)
