@@ -28,6 +28,7 @@ from . import _distributed  # noqa: E402
 from . import _multiprocessing  # noqa: E402
 from . import _inductor  # noqa: E402
 from . import _data_parallel  # noqa: E402
+from . import _dlpack  # noqa: E402
 from ._conf import ConfError, load_conf  # noqa: E402
 
 __version__ = "0.1.4"
@@ -66,6 +67,7 @@ def _setup():
     _multiprocessing.install()  # flagos tensors shared through torch.multiprocessing
     _inductor.install()  # torch.compile's inductor compiles flagos graphs for the native device
     _data_parallel.install()  # nn.DataParallel's copies between flagos devices
+    _dlpack.install()  # DLPack exports flagos tensors as the native device's memory
     _conf.configure(_PLUGINS.confs())  # routing confs and FLAGOS_LOG_DISPATCH; raises ConfError
 
 
