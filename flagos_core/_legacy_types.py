@@ -26,24 +26,27 @@ class _LegacyTensorType(type):
     def __call__(cls, *args, device=None):
         device = torch.device("flagos") if device is None else torch.device(device)
         if device.type != "flagos":
-            raise RuntimeError(f"{cls.__module__}.{cls.__name__} makes flagos tensors, not tensors on {device}")
+            raise RuntimeError(f"{cls.__module__}.{cls.__qualname__} makes flagos tensors, not tensors on {device}")
         if not args:
             return torch.empty(0, dtype=cls.dtype, device=device)
         if all(isinstance(a, int) for a in args) or (len(args) == 1 and isinstance(args[0], torch.Size)):
             return torch.empty(*args, dtype=cls.dtype, device=device)
         if len(args) == 1 and isinstance(args[0], torch.Tensor):
             if not isinstance(args[0], cls):
-                raise TypeError(f"{cls.__module__}.{cls.__name__}(tensor) takes a tensor of that type, got "
+                raise TypeError(f"{cls.__module__}.{cls.__qualname__}(tensor) takes a tensor of that type, got "
                                 f"{args[0].type()}; use .to(device, dtype) to convert")
             return args[0]
         if len(args) == 1:
             return torch.tensor(args[0], dtype=cls.dtype, device=device)
-        raise TypeError(f"{cls.__module__}.{cls.__name__}() takes sizes, a torch.Size, data or a tensor, "
+        raise TypeError(f"{cls.__module__}.{cls.__qualname__}() takes sizes, a torch.Size, data or a tensor, "
                         f"got {tuple(type(a).__name__ for a in args)}")
 
 
 def install(module):
     """Adds the types to torch.flagos (`module`), named as Tensor.type() names them."""
     for name, dtype in _DTYPES.items():
-        setattr(module, name, _LegacyTensorType(name, (), {"dtype": dtype, "is_cuda": False,
-                                                           "__module__": "torch.flagos"}))
+        # The full name is the type's C name, which Tensor.type(cls) and
+        # Module.type(cls) parse (as CUDA's C-made types give theirs); the
+        # qualified name stays short, so the repr is torch.flagos.FloatTensor.
+        setattr(module, name, _LegacyTensorType(f"torch.flagos.{name}", (), {
+            "dtype": dtype, "is_cuda": False, "__module__": "torch.flagos", "__qualname__": name}))

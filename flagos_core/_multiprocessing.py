@@ -17,12 +17,59 @@ from torch.multiprocessing import reductions
 
 from . import _C
 
+BACKEND = "flagos"
+
 
 def install():
     """Once, at import: flagos tensors get their own reduction, other tensors
-    keep torch's."""
+    keep torch's; on the host runtime, flagos storages move into shared
+    memory on share_memory_ as CPU ones do."""
     for cls in (torch.Tensor, torch.nn.Parameter):
         ForkingPickler.register(cls, reduce_tensor)
+    if _C._native_device_type() == "cpu":
+        _install_host_share_memory()
+
+
+def _install_host_share_memory():
+    """torch's share_memory_ moves only CPU storages and calls every other
+    device's shared (CUDA's memory is shared by IPC when sent). Host-runtime
+    memory is host RAM, which a forked child (Hogwild training after
+    `model.share_memory()`) sees only if it is shared: it was not, and the
+    child's updates were lost without a word. So flagos storages move as CPU
+    ones do, and is_shared tells whether they have."""
+    torch_share = torch.UntypedStorage.share_memory_
+    torch_is_shared = torch.UntypedStorage.is_shared
+
+    def share_memory_(self, *args, **kwargs):
+        if self.device.type != BACKEND:
+            return torch_share(self, *args, **kwargs)
+        _shared_bytes(_tensor_over(self))
+        return self
+
+    def is_shared(self):
+        if self.device.type != BACKEND:
+            return torch_is_shared(self)
+        whole = _C._wrapped_native_bytes(_tensor_over(self))
+        return whole is not None and whole.is_shared()
+
+    share_memory_.__doc__ = torch_share.__doc__
+    is_shared.__doc__ = torch_is_shared.__doc__
+    torch.UntypedStorage.share_memory_ = share_memory_
+    torch.UntypedStorage.is_shared = is_shared
+
+
+def _tensor_over(storage):
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def _shared_bytes(tensor):
+    """The host memory under `tensor`, moved into shared memory first (in
+    place, once per storage: flagos tensors over it keep working on it)."""
+    whole = _C._wrapped_native_bytes(tensor)
+    if whole is None or not whole.is_shared():
+        whole = torch.empty(tensor.untyped_storage().nbytes(), dtype=torch.uint8).share_memory_()
+        _C._move_storage_onto(tensor, whole)
+    return whole
 
 
 def reduce_tensor(tensor):
@@ -42,10 +89,7 @@ def _shareable_native(tensor):
     """The native tensor the receiver maps: the alias, over shared memory."""
     if _C._native_device_type() != "cpu":
         return _C._to_native(tensor)
-    whole = _C._wrapped_native_bytes(tensor)
-    if whole is None or not whole.is_shared():
-        whole = torch.empty(tensor.untyped_storage().nbytes(), dtype=torch.uint8).share_memory_()
-        _C._move_storage_onto(tensor, whole)
+    whole = _shared_bytes(tensor)
     native = torch.empty(0, dtype=tensor.dtype)
     return native.set_(whole.untyped_storage(), tensor.storage_offset(), tensor.size(), tensor.stride())
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import flagos_core  # noqa: F401
+import flagos_core
 
 
 def child(device, inbox, outbox, x, view, param):
@@ -81,3 +81,38 @@ def test_a_non_leaf_that_requires_grad_is_refused_with_a_clear_error():
     with pytest.raises(RuntimeError, match="not a leaf.*detach"):
         ForkingPickler.dumps(leaf * 2)
     assert ForkingPickler.dumps(leaf)  # a leaf goes
+
+
+def _add_one(weight):
+    with torch.no_grad():
+        weight.add_(1)
+
+
+@pytest.mark.native
+def test_share_memory_does_what_it_does_on_the_native_device(native_device):
+    # torch moves CPU storages into shared memory and calls CUDA ones shared
+    # as they are; host-runtime memory is host RAM, so it moves as the CPU's.
+    def states(device):
+        t = torch.zeros(4, device=device)
+        before = t.is_shared()
+        t.share_memory_()
+        return before, t.is_shared()
+
+    assert states("flagos") == states(native_device)
+
+
+@pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="a forked child cannot use CUDA")
+def test_a_forked_child_writes_into_shared_memory_as_on_the_cpu():
+    # Hogwild: model.share_memory(), then forked workers update the weights.
+    # Before, flagos's share_memory_ did nothing and the child's writes were lost.
+    model = torch.nn.Linear(2, 1, bias=False).to("flagos")
+    with torch.no_grad():
+        model.weight.zero_()
+    model.share_memory()
+    proc = mp.get_context("fork").Process(target=_add_one, args=(model.weight,))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert torch.equal(model.weight.detach().cpu(), torch.ones(1, 2))
+    with pytest.raises(RuntimeError, match="not resizable"):  # shared memory has a fixed size, as on the CPU
+        model.weight.data.resize_(100)

@@ -189,6 +189,16 @@ def test_pin_memory():
     assert torch.equal(back, ref)
 
 
+def test_device_factories_refuse_pinned_memory_as_native_devices_do():
+    # CUDA's factories raise; flagos's ignored the flag.
+    for make in (lambda: torch.empty(2, device="flagos", pin_memory=True),
+                 lambda: torch.zeros(2, 3, device="flagos", pin_memory=True),
+                 lambda: torch.empty_strided((2,), (1,), device="flagos", pin_memory=True)):
+        with pytest.raises(RuntimeError, match="Only dense CPU tensors can be pinned"):
+            make()
+    assert torch.empty(2, device="flagos", pin_memory=False).device.type == "flagos"
+
+
 # ------------------------------------------------------------ streams / events
 
 def test_stream_context_sets_and_restores_current_stream():
@@ -422,7 +432,13 @@ def test_legacy_tensor_types_as_torch_cuda_has_them():
     # Tensor.type() names them; ported code tests and builds tensors with them.
     x = torch.ones(2, 3, device="flagos")
     assert x.type() == "torch.flagos.FloatTensor"
-    assert f"{torch.flagos.FloatTensor.__module__}.{torch.flagos.FloatTensor.__name__}" == x.type()
+    assert f"{torch.flagos.FloatTensor.__module__}.{torch.flagos.FloatTensor.__qualname__}" == x.type()
+    assert repr(torch.flagos.FloatTensor) == "<class 'torch.flagos.FloatTensor'>"
+    # Conversions given the type itself, as with torch.cuda's types.
+    converted = torch.ones(2).type(torch.flagos.DoubleTensor)
+    assert converted.device.type == "flagos" and converted.dtype == torch.float64
+    module = torch.nn.Linear(2, 2).type(torch.flagos.HalfTensor)
+    assert module.weight.device.type == "flagos" and module.weight.dtype == torch.float16
     assert isinstance(x, torch.flagos.FloatTensor) and not isinstance(x, torch.flagos.LongTensor)
     assert not isinstance(torch.ones(2), torch.flagos.FloatTensor)  # a CPU tensor
     assert isinstance(x.long(), torch.flagos.LongTensor) and isinstance(x.bool(), torch.flagos.BoolTensor)

@@ -41,13 +41,20 @@ at::Tensor filledIfDeterministic(at::Tensor t) {
   return t;
 }
 
+// Device memory is never pinned: CUDA's factories refuse the flag so, and
+// flagos's ignored it.
+void checkNotPinned(std::optional<bool> pin_memory) {
+  TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
+}
+
 at::Tensor empty(
     c10::IntArrayRef size,
     std::optional<c10::ScalarType> dtype,
     std::optional<c10::Layout> layout,
     std::optional<c10::Device> device,
-    std::optional<bool> /*pin_memory*/,
+    std::optional<bool> pin_memory,
     std::optional<c10::MemoryFormat> memory_format) {
+  checkNotPinned(pin_memory);
   TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided, "flagos: only strided tensors are supported, got ", *layout);
   const detail::CallConstants& c = detail::callConstants();
   const c10::DeviceIndex index = targetIndex(c, device);
@@ -64,7 +71,8 @@ at::Tensor emptyStrided(
     std::optional<c10::ScalarType> dtype,
     std::optional<c10::Layout> layout,
     std::optional<c10::Device> device,
-    std::optional<bool> /*pin_memory*/) {
+    std::optional<bool> pin_memory) {
+  checkNotPinned(pin_memory);
   TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided, "flagos: only strided tensors are supported, got ", *layout);
   const detail::CallConstants& c = detail::callConstants();
   const c10::DeviceIndex index = targetIndex(c, device);
