@@ -271,3 +271,36 @@ def test_a_mixture_of_experts_model_trains_on_the_host_runtime_as_on_the_cpu():
     assert torch.equal(flagos.logits.cpu(), cpu.logits)
     for (name, want), got in zip(model.named_parameters(), on_flagos.parameters()):
         assert torch.equal(got.grad.cpu(), want.grad), name
+
+
+def _cells(device):
+    # Self-contained: on an accelerator it runs in a side process. LSTM and
+    # GRU cells with and without bias: outputs and gradients, then a second
+    # derivative through the hidden state alone (the engine hands the cell's
+    # backward an undefined gradient for the cell state).
+    results = []
+    for cell, bias in (("LSTMCell", True), ("LSTMCell", False), ("GRUCell", True), ("GRUCell", False)):
+        torch.manual_seed(0)
+        module = getattr(torch.nn, cell)(4, 5, bias=bias).to(device)
+        x = torch.randn(3, 4).to(device).requires_grad_()
+        out = module(x)
+        h = out[0] if isinstance(out, tuple) else out
+        (grad,) = torch.autograd.grad(h.square().sum(), x, create_graph=True)
+        (second,) = torch.autograd.grad(grad.square().sum(), x)
+        results += [h.detach(), grad.detach(), second]
+    return results
+
+
+def test_cells_with_and_without_bias_and_their_second_derivatives(native_device, tmp_path):
+    # Without bias the composite provider's cell backwards return no bias
+    # gradient (None: an undefined tensor, as CUDA's kernels return); and
+    # the double backward gets an undefined cell-state gradient. Both used
+    # to raise on the host runtime.
+    native = results_on_native(_cells, native_device, tmp_path)
+    with flagos_core.trace() as t:
+        flagos = _cells(torch.device("flagos"))
+    assert t.fallbacks == []
+    if native_device.type == "cpu":  # the composite provider's cells against CPU's unfused ones
+        assert_matches_native(flagos, native, rtol=1e-4, atol=1e-5)
+    else:
+        assert_matches_native(flagos, native)

@@ -422,13 +422,13 @@ def test_a_default_to_cpu_fallback_keeps_views_on_their_provider(tmp_path):
 
 
 def test_a_python_providers_results_are_checked():
-    # None where a Tensor is due, or a CPU tensor from a call on flagos
-    # tensors, is an error naming the provider, not a silent result. (In a
-    # fresh process: a provider cannot be unregistered.)
+    # Another type where a Tensor is due, or a CPU tensor from a call on
+    # flagos tensors, is an error naming the provider, not a silent result.
+    # (In a fresh process: a provider cannot be unregistered.)
     result = run_python("""\
         import torch, flagos_core
         flagos_core.register_python_provider("returns_badly", {
-            "div.Tensor": lambda a, b: None, "sub.Tensor": lambda a, b, alpha=1: torch.ones(5)})
+            "div.Tensor": lambda a, b: 2.0, "sub.Tensor": lambda a, b, alpha=1: torch.ones(5)})
         x = torch.ones(2, device="flagos")
         with flagos_core.routes({"div.Tensor": "returns_badly", "sub.Tensor": "returns_badly"}):
             for op in (lambda: x / x, lambda: x - x):
@@ -440,7 +440,7 @@ def test_a_python_providers_results_are_checked():
         """)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
-        "flagos: provider 'returns_badly' returned NoneType as result 0 of aten::div.Tensor, which is a Tensor",
+        "flagos: provider 'returns_badly' returned float as result 0 of aten::div.Tensor, which is a Tensor",
         "flagos: provider 'returns_badly' returned a tensor on cpu as result 0 of aten::sub.Tensor, called on "
         "flagos tensors: return flagos tensors (.to(the input's device))",
         "[0.0, 0.0]"]

@@ -275,6 +275,11 @@ class AliasImpl final : public c10::TensorImpl {
     data_type_ = dtype;
   }
 
+  static void setZeroBit(c10::TensorImpl& impl, bool zero) {
+    const c10::DispatchKeySet keys = impl.*kKeySet;
+    impl.*kKeySet = zero ? keys.add(c10::DispatchKey::ZeroTensor) : keys.remove(c10::DispatchKey::ZeroTensor);
+  }
+
   // A native TensorImpl (a kernel's result, seen by nobody else) becomes a
   // flagos one: device and backend keys, as set_storage_keep_dtype and
   // _change_backend_component_keys would, without the storage reference
@@ -419,14 +424,20 @@ void giveAlias(AliasPool* pool, c10::intrusive_ptr<c10::TensorImpl> impl, c10::D
   }
 }
 
-// The conjugate and negative bits (dispatch keys, not geometry).
+// The conjugate, negative and zero bits (dispatch keys, not geometry). A
+// zero tensor (forward AD's stand-in for a missing tangent) has no memory:
+// PyTorch passes it to a few kernels (copy_, dot, mul by a scalar) that
+// test the bit, and an alias without it was read as a real tensor at a null
+// pointer (a segfault in torch.func.hessian of l1_loss).
 void copyMathBits(const c10::TensorImpl& from, c10::TensorImpl& to) {
-  if (from.is_conj() != to.is_conj()) {
-    to._set_conj(from.is_conj());
+  constexpr c10::DispatchKeySet kMathBits(
+      {c10::DispatchKey::Conjugate, c10::DispatchKey::Negative, c10::DispatchKey::ZeroTensor});
+  if (C10_LIKELY((from.key_set() & kMathBits) == (to.key_set() & kMathBits))) {
+    return;
   }
-  if (from.is_neg() != to.is_neg()) {
-    to._set_neg(from.is_neg());
-  }
+  to._set_conj(from.is_conj());
+  to._set_neg(from.is_neg());
+  AliasImpl::setZeroBit(to, from._is_zerotensor()); // TensorImpl::_set_zero refuses to set it
 }
 
 // `alias` over flagos tensor `t`'s memory with t's geometry, borrowing it for

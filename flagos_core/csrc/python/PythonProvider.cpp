@@ -45,7 +45,9 @@ class PythonProvider final : public KernelProvider {
     TORCH_CHECK(found != kernels_.end(), "flagos: provider '", name(), "' has no kernel for ", op.operator_name());
     bool flagos_input = false;
     for (const c10::IValue& v : args) {
-      flagos_input = flagos_input || (v.isTensor() && v.toTensor().device().type() == c10::DeviceType::PrivateUse1);
+      // An undefined tensor (a backward's missing gradient) has no device.
+      flagos_input = flagos_input ||
+          (v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == c10::DeviceType::PrivateUse1);
     }
     py::tuple py_args(nargs);
     for (size_t i = 0; i < nargs; ++i) {
@@ -68,9 +70,11 @@ class PythonProvider final : public KernelProvider {
   }
 
  private:
-  // A kernel's result as the schema's type. A Tensor result must be a tensor
-  // (not None), and for a call on flagos tensors a flagos one: otherwise the
-  // caller got None or another device's tensor, silently.
+  // A kernel's result as the schema's type. A Tensor result must be a tensor,
+  // or None for an undefined one (a gradient not asked for, attention
+  // weights not needed: native kernels return such), and for a call on
+  // flagos tensors a flagos one: otherwise the caller got another device's
+  // tensor, silently.
   c10::IValue checkedResult(
       const c10::OperatorHandle& op,
       py::handle value,
@@ -78,6 +82,9 @@ class PythonProvider final : public KernelProvider {
       size_t index,
       bool flagos_input) const {
     if (ret.real_type()->kind() == c10::TypeKind::TensorType) {
+      if (value.is_none()) {
+        return at::Tensor();
+      }
       TORCH_CHECK(
           THPVariable_Check(value.ptr()), "flagos: provider '", name(), "' returned ",
           py::str(py::type::handle_of(value).attr("__name__")).cast<std::string>(), " as result ", index, " of ",
