@@ -149,15 +149,25 @@ def _run_packed(device):
     return results
 
 
-def test_packed_sequences_match_the_native_device(native_device, tmp_path):
-    native = results_on_native(_run_packed, native_device, tmp_path)
+def _matches_native_through_cells(fn, native_device, tmp_path, rtol, atol):
+    """fn on flagos against the native device: bitwise on CUDA (its fused
+    cells on both sides); on the host runtime within rtol/atol, where the
+    composite provider's cells sum in another order than CPU's unfused
+    ones. Returns the trace."""
+    native = results_on_native(fn, native_device, tmp_path)
     with flagos_core.trace() as t:
-        flagos = _run_packed(torch.device("flagos"))
+        flagos = fn(torch.device("flagos"))
     assert t.fallbacks == []
-    if native_device.type == "cpu":  # packed sequences step through the composite provider's cells
-        assert_matches_native(flagos, native, rtol=1e-3, atol=1e-4)
+    if native_device.type == "cpu":
+        assert_matches_native(flagos, native, rtol=rtol, atol=atol)
     else:
         assert_matches_native(flagos, native)
+    return t
+
+
+def test_packed_sequences_match_the_native_device(native_device, tmp_path):
+    t = _matches_native_through_cells(_run_packed, native_device, tmp_path, rtol=1e-3, atol=1e-4)
+    if native_device.type != "cpu":
         assert t.counts[("_cudnn_rnn", "cuda")] == 2
 
 
@@ -296,11 +306,4 @@ def test_cells_with_and_without_bias_and_their_second_derivatives(native_device,
     # gradient (None: an undefined tensor, as CUDA's kernels return); and
     # the double backward gets an undefined cell-state gradient. Both used
     # to raise on the host runtime.
-    native = results_on_native(_cells, native_device, tmp_path)
-    with flagos_core.trace() as t:
-        flagos = _cells(torch.device("flagos"))
-    assert t.fallbacks == []
-    if native_device.type == "cpu":  # the composite provider's cells against CPU's unfused ones
-        assert_matches_native(flagos, native, rtol=1e-4, atol=1e-5)
-    else:
-        assert_matches_native(flagos, native)
+    _matches_native_through_cells(_cells, native_device, tmp_path, rtol=1e-4, atol=1e-5)
