@@ -29,6 +29,7 @@ from . import _multiprocessing  # noqa: E402
 from . import _inductor  # noqa: E402
 from . import _data_parallel  # noqa: E402
 from . import _dlpack  # noqa: E402
+from . import _python_choices  # noqa: E402
 from ._conf import ConfError, load_conf  # noqa: E402
 
 __version__ = "0.1.4"
@@ -68,6 +69,7 @@ def _setup():
     _inductor.install()  # torch.compile's inductor compiles flagos graphs for the native device
     _data_parallel.install()  # nn.DataParallel's copies between flagos devices
     _dlpack.install()  # DLPack exports flagos tensors as the native device's memory
+    _python_choices.install()  # torch's Python picks by device type: the native device's pick
     _conf.configure(_PLUGINS.confs())  # routing confs and FLAGOS_LOG_DISPATCH; raises ConfError
 
 

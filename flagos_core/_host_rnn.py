@@ -14,6 +14,8 @@ same conditions and with the same ops in the same order (the unfused cells'
 step loop in C++, csrc/python/RecurrentSteps.cpp), and give the same
 results bit for bit. Packed sequences (other overloads) and tensors on
 several devices decompose as PyTorch decomposes them for flagos.
+`nn.LSTMCell` and `nn.GRUCell` (`lstm_cell`, `gru_cell`) take CPU's unfused
+cell too, as one step of the same loop.
 
 The kernels are registered for AutogradPrivateUse1, where a composite op is
 expanded: the ops they call record their own gradients, as CPU's do; and for
@@ -191,6 +193,34 @@ def _one_hidden(op, run_layer):
     return kernel
 
 
+def _cell_shapes_hold(input, hidden, w_ih, w_hh):
+    # What the cells' own checks demand; anything else goes to PyTorch's
+    # decomposition, whose checks raise their own messages.
+    return (input.dim() == 2 and hidden.dim() == 2 and input.size(1) == w_ih.size(1)
+            and hidden.size(0) == input.size(0) and hidden.size(1) == w_hh.size(1)
+            and all(t.device == input.device for t in (hidden, w_ih, w_hh)))
+
+
+@_not_traced
+def _lstm_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    # nn.LSTMCell: CPU's unfused cell, as one step of the layer's loop
+    # (PyTorch fuses it for any device but the CPU; the fused cell has no
+    # forward-mode AD and rounds otherwise).
+    if len(hx) != 2 or not (_cell_shapes_hold(input, hx[0], w_ih, w_hh) and hx[1].shape == hx[0].shape):
+        return _pytorchs_decomposition(torch.ops.aten.lstm_cell.default, input, hx, w_ih, w_hh, b_ih, b_hh)
+    _, h, c = _C._lstm_steps(F.linear(input, w_ih, b_ih).unsqueeze(0), hx[0], hx[1], w_hh, b_hh, None, False)
+    return h, c
+
+
+@_not_traced
+def _gru_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    # nn.GRUCell: as _lstm_cell, with CPU's unfused GRU cell.
+    if not _cell_shapes_hold(input, hx, w_ih, w_hh):
+        return _pytorchs_decomposition(torch.ops.aten.gru_cell.default, input, hx, w_ih, w_hh, b_ih, b_hh)
+    _, hidden = _C._gru_steps(F.linear(input, w_ih, b_ih).unsqueeze(0), hx, w_hh, b_hh, False)
+    return hidden
+
+
 def register():
     """Once, when the host runtime is activated."""
     global _LIBRARY
@@ -198,7 +228,8 @@ def register():
         library = torch.library.Library("aten", "IMPL")
         kernels = (("lstm.input", _lstm), ("gru.input", _gru),
                    ("rnn_tanh.input", _one_hidden(torch.ops.aten.rnn_tanh.input, _simple_layer(torch.tanh))),
-                   ("rnn_relu.input", _one_hidden(torch.ops.aten.rnn_relu.input, _simple_layer(torch.relu))))
+                   ("rnn_relu.input", _one_hidden(torch.ops.aten.rnn_relu.input, _simple_layer(torch.relu))),
+                   ("lstm_cell", _lstm_cell), ("gru_cell", _gru_cell))
         for name, kernel in kernels:
             for key in ("AutogradPrivateUse1", "PrivateUse1"):
                 library.impl(name, kernel, key)

@@ -5,9 +5,10 @@ Elsewhere (the host runtime) the core's `composite` provider serves them
 (SyncBatchNorm's kernels are tested in test_distributed.py). The recurrent
 layers and rms_norm take the native device's own path (cuDNN's RNN and the
 fused rms_norm on CUDA, CPU's decompositions on the host runtime) and equal
-its results bitwise; the cells equal CUDA's bitwise, and CPU's to rounding
-(the composite provider's cells sum in another order than CPU's unfused
-ones)."""
+its results bitwise, and so do nn.LSTMCell and nn.GRUCell (CPU's unfused
+cells on the host runtime); packed sequences step through the fused cells,
+which equal CUDA's bitwise, and CPU's to rounding (the composite provider's
+cells sum in another order than CPU's unfused ones)."""
 
 import copy
 import warnings
@@ -199,13 +200,15 @@ def test_kernels_only_cuda_has_go_to_the_composite_provider_where_the_runtime_ha
                "batch_norm_elemt", "batch_norm_backward_reduce", "batch_norm_backward_elemt", "histc"):
         assert flagos_core.route(op) == "composite"
         assert flagos_core.route_layer(op) == "default (host has no kernel)"
-    # The cells: nn.LSTM and nn.GRU take CPU's decompositions on the host
+    # The cells: packed sequences step through them. nn.LSTM, nn.GRU,
+    # nn.LSTMCell and nn.GRUCell take CPU's decompositions on the host
     # runtime (test_host_rnn.py).
-    lstm, gru, x = torch.nn.LSTMCell(4, 4).to("flagos"), torch.nn.GRUCell(4, 4).to("flagos"), torch.randn(2, 4, device="flagos")
+    lstm = torch.nn.LSTM(4, 4).to("flagos")
+    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.randn(3, 2, 4, device="flagos"), torch.tensor([3, 2]))
     with flagos_core.trace() as t:
-        gru(lstm(x)[0])
-    assert t.counts[("_thnn_fused_lstm_cell", "composite")] == 1
-    assert t.counts[("_thnn_fused_gru_cell", "composite")] == 1
+        lstm(packed)
+        torch.nn.LSTMCell(4, 4).to("flagos")(torch.randn(2, 4, device="flagos"))
+    assert t.counts[("_thnn_fused_lstm_cell", "composite")] == 3  # the packed sequence's steps, not the cell's
 
 
 def _histcs(device):
@@ -302,8 +305,37 @@ def _cells(device):
 
 
 def test_cells_with_and_without_bias_and_their_second_derivatives(native_device, tmp_path):
-    # Without bias the composite provider's cell backwards return no bias
-    # gradient (None: an undefined tensor, as CUDA's kernels return); and
-    # the double backward gets an undefined cell-state gradient. Both used
-    # to raise on the host runtime.
-    _matches_native_through_cells(_cells, native_device, tmp_path, rtol=1e-4, atol=1e-5)
+    # Both used to raise on the host runtime, through the composite
+    # provider's fused cells: without bias (its backwards return no bias
+    # gradient: None, an undefined tensor, as CUDA's kernels return), and in
+    # a double backward (which hands the cell an undefined cell-state
+    # gradient). The host runtime now takes CPU's unfused cells.
+    compare_with_native(_cells, native_device, tmp_path)
+
+
+def _fused_cells(device, with_zero_biases=False):
+    # Self-contained: on an accelerator it runs in a side process. The fused
+    # cells called directly, without bias (or with zero biases), and their
+    # backward.
+    torch.manual_seed(0)
+    lstm_gates, gru_gates = torch.randn(3, 20).to(device), torch.randn(3, 15).to(device)
+    lstm_gates.requires_grad_()
+    gru_gates.requires_grad_()
+    lstm_biases = [torch.zeros(20).to(device)] * 2 if with_zero_biases else []
+    gru_biases = [torch.zeros(15).to(device)] * 2 if with_zero_biases else []
+    cx, hx = torch.randn(3, 5).to(device), torch.randn(3, 5).to(device)
+    hy, cy, _ = torch.ops.aten._thnn_fused_lstm_cell(lstm_gates, torch.randn(3, 20).to(device), cx, *lstm_biases)
+    (hy.sum() + cy.square().sum()).backward()
+    h, _ = torch.ops.aten._thnn_fused_gru_cell(gru_gates, torch.randn(3, 15).to(device), hx, *gru_biases)
+    h.square().sum().backward()
+    return [hy.detach(), cy.detach(), lstm_gates.grad, h.detach(), gru_gates.grad]
+
+
+def test_fused_cells_without_bias_run_backward(native_device, tmp_path):
+    # Served by the composite provider on the host runtime, whose backwards
+    # return no bias gradient (None: an undefined tensor, as CUDA's do).
+    flagos = _fused_cells(torch.device("flagos"))
+    if native_device.type == "cpu":  # the CPU has no fused cells: against flagos's with zero biases
+        assert_matches_native(flagos, [t.cpu() for t in _fused_cells(torch.device("flagos"), with_zero_biases=True)])
+    else:
+        assert_matches_native(flagos, results_on_native(_fused_cells, native_device, tmp_path))

@@ -131,3 +131,33 @@ def test_compiled_layer_trains_as_on_the_cpu(layer):
     assert torch.equal(got.cpu(), want)
     for p, q in zip(flagos.parameters(), cpu.parameters()):
         assert torch.equal(p.grad.cpu(), q.grad)
+
+
+@pytest.mark.parametrize("cell", ["LSTMCell", "GRUCell"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_cells_take_cpus_unfused_cell(cell, bias):
+    # Outputs, gradients, forward-mode tangents (the fused cell had none)
+    # and an unbatched call: bitwise CPU's.
+    import torch.autograd.forward_ad as fwAD
+
+    torch.manual_seed(0)
+    cpu = getattr(torch.nn, cell)(4, 5, bias=bias)
+    flagos = getattr(torch.nn, cell)(4, 5, bias=bias)
+    flagos.load_state_dict(cpu.state_dict())
+    flagos.to("flagos")
+    x = torch.randn(3, 4)
+
+    def run(module, device):
+        first = lambda out: out[0] if isinstance(out, tuple) else out  # noqa: E731
+        xi = x.to(device).requires_grad_()
+        h = first(module(xi))
+        h.square().sum().backward()
+        with fwAD.dual_level():
+            tangent = fwAD.unpack_dual(first(module(fwAD.make_dual(x.to(device), torch.ones_like(x).to(device))))).tangent
+        return [h.detach(), xi.grad, *(p.grad for p in module.parameters()), tangent, first(module(x[0].to(device)))]
+
+    with flagos_core.trace() as t:
+        got = run(flagos, "flagos")
+    assert not any(op.startswith("_thnn_fused") for (op, _) in t.counts)
+    for a, b in zip(got, run(cpu, "cpu")):
+        assert torch.equal(a.detach().cpu(), b.detach())

@@ -19,6 +19,10 @@ bool isForeign(const c10::StorageImpl* storage, c10::ArrayRef<const c10::Storage
   return false;
 }
 
+// How many aliases a call's later tensor argument is compared with to find
+// a repeated tensor: a few plain arguments, never a foreach call's lists.
+constexpr size_t kSameTensorScan = 8;
+
 } // namespace
 
 // An argument that is a CPU tensor on every device, natively too: one the
@@ -93,6 +97,16 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, size_t arg, 
   noteDevice(d, arg);
   if (aliases.empty()) {
     pool = threadAliasPool(); // once per call: the first alias's lookup serves the rest
+  } else if (!info.writes && !in_list && aliases.size() <= kSameTensorScan) {
+    // One tensor in several arguments is one alias, as natively it is one
+    // tensor: kernels test is_same (multi-head attention's fused input
+    // projection, taken only for self-attention). Calls that write keep
+    // an alias per argument, for write-back.
+    for (const Alias& a : aliases) {
+      if (a.original == t.unsafeGetTensorImpl()) {
+        return c10::MaybeOwned<at::Tensor>::borrowed(a.pooled);
+      }
+    }
   }
   const c10::StorageImpl* made = nullptr;
   at::Tensor alias = pooledAlias(pool, t, consts.nativeDevice(d.index()), &made);

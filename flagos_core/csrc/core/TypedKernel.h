@@ -255,6 +255,10 @@ struct ShortAliases {
   // The wrapped scalars' storages, never to be taken over: only the first
   // `scalars` are set and read (left uninitialised: no stores per call).
   const c10::StorageImpl* scalar_storages[N];
+  // Per alias slot, the entry its argument passes: its own, or an earlier
+  // one for a tensor that came before in another argument (one alias, as
+  // natively one tensor: kernels test is_same). Set for every slot.
+  uint8_t source[N];
   explicit ShortAliases(detail::AliasPool* p) : pool(p) {}
   ShortAliases(const ShortAliases&) = delete;
   ShortAliases& operator=(const ShortAliases&) = delete;
@@ -411,7 +415,9 @@ struct SharedKernel<R(A...)> {
     constexpr auto kOrdinal = tensorOrdinals<A...>();
     ShortAliases<(size_t{kAliasSlot<A>} + ...)> aliases(pool);
     const c10::DeviceIndex index = 0; // single_device: flagos:0 is the only device
-    (takeShort<A, kOrdinal[I]>(args, aliases, c.nativeDevice(index)), ...);
+    // A call that writes keeps an alias per argument, as CallState does.
+    constexpr bool kOneAliasPerTensor = !std::is_same_v<R, at::Tensor&>;
+    (takeShort<A, kOrdinal[I], kOneAliasPerTensor>(args, aliases, c.nativeDevice(index)), ...);
     auto call_native = [&]() -> R {
       NativeScope scope(provider, index);
       return native.redispatch(c.native_keys, passShort<A, kOrdinal[I]>(args, aliases)...);
@@ -461,18 +467,28 @@ struct SharedKernel<R(A...)> {
     return sizeof...(B);
   }
 
-  template <class T, size_t K, size_t N>
+  template <class T, size_t K, bool kOneAliasPerTensor, size_t N>
   C10_ALWAYS_INLINE static void takeShort(
       const std::remove_reference_t<T>& arg,
       ShortAliases<N>& aliases,
       c10::Device native_device) {
     if constexpr (kShortTensor<T>) {
+      aliases.source[K] = K;
       if (C10_UNLIKELY(arg.device().type() != c10::DeviceType::PrivateUse1)) { // a wrapped scalar, as it is
         aliases.scalar_storages[aliases.scalars++] = arg.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
         return;
       }
+      if constexpr (kOneAliasPerTensor && K > 0) {
+        for (size_t j = 0; j < K; ++j) {
+          if (aliases.entries[j].original == arg.unsafeGetTensorImpl()) {
+            aliases.source[K] = static_cast<uint8_t>(j);
+            return;
+          }
+        }
+      }
       takeAlias(arg, aliases.entries[K], aliases.pool, native_device);
     } else if constexpr (kOptionalTensor<T>) {
+      aliases.source[K] = K;
       if (arg.has_value() && arg->defined()) { // else the entry stays empty
         takeAlias(*arg, aliases.entries[K], aliases.pool, native_device);
       }
@@ -492,7 +508,7 @@ struct SharedKernel<R(A...)> {
   template <class T, size_t K, size_t N>
   C10_ALWAYS_INLINE static typename ShortPass<T>::type passShort(std::remove_reference_t<T>& arg, ShortAliases<N>& aliases) {
     if constexpr (kReadTensor<T>) {
-      const detail::Alias& a = aliases.entries[K];
+      const detail::Alias& a = aliases.entries[aliases.source[K]];
       return a.original != nullptr ? a.pooled : arg; // a wrapped scalar has no alias
     } else if constexpr (kShortTensor<T>) {
       return aliases.entries[K].pooled;
