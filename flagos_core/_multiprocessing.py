@@ -26,29 +26,35 @@ def install():
     memory on share_memory_ as CPU ones do."""
     for cls in (torch.Tensor, torch.nn.Parameter):
         ForkingPickler.register(cls, reduce_tensor)
-    if _C._native_device_type() == "cpu":
-        _install_host_share_memory()
+    _install_share_memory()
 
 
-def _install_host_share_memory():
-    """torch's share_memory_ moves only CPU storages and calls every other
-    device's shared (CUDA's memory is shared by IPC when sent). Host-runtime
-    memory is host RAM, which a forked child (Hogwild training after
-    `model.share_memory()`) sees only if it is shared: it was not, and the
-    child's updates were lost without a word. So flagos storages move as CPU
-    ones do, and is_shared tells whether they have."""
+def _install_share_memory():
+    """share_memory_ and is_shared on flagos storages do what they do on the
+    native device's. torch's share_memory_ moves only CPU storages, and its
+    is_shared calls only CUDA's shared otherwise (CUDA memory is shared by
+    IPC when sent). Host-runtime memory is host RAM, which a forked child
+    (Hogwild training after `model.share_memory()`) sees only if it is
+    shared: it was not, and the child's updates were lost without a word.
+    So there flagos storages move as CPU ones do; with an accelerator's
+    runtime they stay as they are, and is_shared answers as for the native
+    device's memory."""
     torch_share = torch.UntypedStorage.share_memory_
     torch_is_shared = torch.UntypedStorage.is_shared
+    on_host = _C._native_device_type() == "cpu"
 
     def share_memory_(self, *args, **kwargs):
         if self.device.type != BACKEND:
             return torch_share(self, *args, **kwargs)
-        _shared_bytes(_tensor_over(self))
+        if on_host:
+            _shared_bytes(_tensor_over(self))
         return self
 
     def is_shared(self):
         if self.device.type != BACKEND:
             return torch_is_shared(self)
+        if not on_host:
+            return _C._to_native(_tensor_over(self)).untyped_storage().is_shared()
         whole = _C._wrapped_native_bytes(_tensor_over(self))
         return whole is not None and whole.is_shared()
 

@@ -23,6 +23,7 @@
 
 #include "core/TypedKernel.h"
 
+#include <ATen/ops/group_norm_ops.h>
 #include <ATen/ops/scaled_dot_product_attention_ops.h>
 #include <c10/core/GradMode.h>
 
@@ -122,6 +123,34 @@ C10_ALWAYS_INLINE bool sameChoiceWithoutGradState(const std::remove_reference_t<
   return !ReadsRequiresGradAlways<Op>::value && !(tensorWhere<A>(args, batched_non_contiguous) || ...);
 }
 
+// How a call that cannot run whole decomposes: the op's composite kernel,
+// called directly.
+template <class Op, class Decompose>
+struct Decomposition {
+  template <class... A>
+  static decltype(auto) call(A&&... args) {
+    return Decompose::call(std::forward<A>(args)...);
+  }
+};
+
+// PyTorch's group_norm keeps a channels-last input's memory format for CPU
+// and PrivateUse1 tensors, and makes it contiguous for every other device;
+// native CUDA's native_group_norm, which flagos-cuda's call reaches, then
+// refuses the channels-last input ("Expected X.is_contiguous(memory_format)")
+// that native CUDA never gives it. So, where the native device is not the
+// CPU, the input goes in as the native device's composite passes it:
+// contiguous, through the same recorded copy.
+template <class Decompose>
+struct Decomposition<at::_ops::group_norm, Decompose> {
+  template <class... Rest>
+  static at::Tensor call(const at::Tensor& input, Rest&&... rest) {
+    if (activeRuntime().nativeDeviceType() != c10::DeviceType::CPU && input.device().type() == c10::DeviceType::PrivateUse1) {
+      return Decompose::call(input.contiguous(), std::forward<Rest>(rest)...);
+    }
+    return Decompose::call(input, std::forward<Rest>(rest)...);
+  }
+};
+
 } // namespace whole
 
 template <class Op, size_t Slot, class Decompose, class Sig = typename Op::schema>
@@ -138,7 +167,7 @@ struct WholeKernel<Op, Slot, Decompose, R(A...)> {
         whole::sameChoiceWithoutGradState<Op, A...>(args...) && detail::wholeCallsOn()) {
       return Routed::call(keys, std::forward<A>(args)...);
     }
-    return Decompose::call(std::forward<A>(args)...);
+    return whole::Decomposition<Op, Decompose>::call(std::forward<A>(args)...);
   }
 };
 
