@@ -346,3 +346,17 @@ def test_linear_cross_entropy_options_resolve_as_on_the_native_device(tmp_path):
     pytest.importorskip("torch.nn.modules.linear_cross_entropy_options", reason="torch 2.13+")
     native = results_on_native(_linear_cross_entropy, native_device(), tmp_path)
     assert_matches_native(_linear_cross_entropy(torch.device("flagos")), native)
+
+
+def _kaiser_windows(device):
+    # Self-contained: on an accelerator it runs in a side process.
+    return [torch.kaiser_window(6, device=device), torch.kaiser_window(7, False, device=device),
+            torch.kaiser_window(8, True, 5.0, dtype=torch.float64, device=device), torch.kaiser_window(1, device=device)]
+
+
+def test_kaiser_window_runs_the_native_devices_kernel(tmp_path):
+    # Its one kernel looks its computation up by device type, which only CPU
+    # and CUDA register (codegen/device_stub_ops.txt): it raised an internal
+    # assert on flagos.
+    native = results_on_native(_kaiser_windows, native_device(), tmp_path)
+    assert_matches_native(_kaiser_windows(torch.device("flagos")), native)

@@ -11,6 +11,10 @@ CPU and CUDA run their own kernel for it rather than the decomposition, and flag
 run what they run. Purely composite overloads decompose as PyTorch decomposes them and
 are left to the dispatcher.
 
+The overloads of the ops listed in device_stub_ops.txt get a row as well:
+their one kernel (CompositeExplicitAutograd) picks a device's computation by
+its device type, which only CPU and CUDA register.
+
 Overloads whose base name is listed in typed_ops.txt (every overload with
 --typed all, none with --typed none) get a typed kernel (core/TypedKernel.h)
 when their C++ signature allows it; the rest are served boxed. Typed kernels
@@ -46,9 +50,11 @@ def parsed_native_functions():
 
 
 def routable_overloads(parsed):
-    """(function, exact_device) for each overload that reaches PrivateUse1."""
+    """(function, exact_device) for each overload that reaches PrivateUse1,
+    and those of device_stub_ops.txt's ops."""
     by_name = {str(f.func.name): f for f in parsed.native_functions}
     indices = parsed.backend_indices
+    device_stub_ops = listed_names("device_stub_ops.txt")
 
     def has_backend_kernel(f):
         if any(indices[k].has_kernel(f) for k in BACKENDS):
@@ -57,7 +63,7 @@ def routable_overloads(parsed):
         return delegate is not None and has_backend_kernel(by_name[str(delegate)])
 
     for f in parsed.native_functions:
-        if has_backend_kernel(f):
+        if has_backend_kernel(f) or (f.root_name in device_stub_ops and f.has_composite_explicit_autograd_kernel):
             yield f, f.device_check == DeviceCheckType.ExactSame
 
 
