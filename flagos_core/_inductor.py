@@ -216,11 +216,21 @@ def _graph_on_native(gm, inputs):
     and the route of each op in it (what decided which go through flagos)."""
     from torch._guards import detect_fake_mode
 
-    from . import as_native
-
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
     flagos_outputs = [_is_flagos(_node_value(a) if isinstance(a, torch.fx.Node) else a)
                       for a in pytree.tree_leaves(output_node.args)]
+    on_native = _FakesOnDevice.to_native()
+    through, routes = [], {}
+    native_gm = _module_on_native(gm, on_native, through, routes, detect_fake_mode(inputs) is not None)
+    return native_gm, _on_native(inputs, on_native), flagos_outputs, through, routes
+
+
+def _module_on_native(gm, on_native, through, routes, moves_fakes):
+    """_graph_on_native's copy of one graph module, and of the subgraphs it
+    holds (torch.cond's branches, while_loop's and map's bodies), whose
+    values inductor checks against the graph's as well."""
+    from . import as_native
+
     # A copy that pickles as the original would (its class name, tracer and
     # code generator), so that where flagos's graph is the native device's
     # (the host runtime), inductor's cache key is the same and one entry
@@ -229,7 +239,6 @@ def _graph_on_native(gm, inputs):
     graph._codegen = copy.deepcopy(gm.graph._codegen)
     graph.output(graph.graph_copy(gm.graph, {}))
     native_gm = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
-    through, routes = [], {}
     for node in native_gm.graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
             name = node.target.name()
@@ -241,14 +250,18 @@ def _graph_on_native(gm, inputs):
                 node.target = _through_flagos(node.target, mask)
         node.args = pytree.tree_map(_native_constant, node.args)
         node.kwargs = pytree.tree_map(_native_constant, node.kwargs)
-        if node.op == "get_attr" and _is_flagos(getattr(native_gm, node.target, None)):
-            _set_attribute(native_gm, node.target, as_native(getattr(native_gm, node.target)))
+        if node.op == "get_attr":
+            value = getattr(native_gm, node.target, None)
+            if _is_flagos(value):
+                _set_attribute(native_gm, node.target, as_native(value))
+            elif isinstance(value, torch.fx.GraphModule) and _uses_flagos(value, ()):
+                _set_attribute(native_gm, node.target,
+                               _module_on_native(value, on_native, through, routes, moves_fakes))
     native_gm.recompile()
     _attributes_in_order_of(native_gm, gm)
-    on_native = _FakesOnDevice.to_native()
-    if detect_fake_mode(inputs) is not None:
+    if moves_fakes:
         _map_values(native_gm, on_native)
-    return native_gm, _on_native(inputs, on_native), flagos_outputs, through, routes
+    return native_gm
 
 
 def _attributes_in_order_of(copied, original):

@@ -85,6 +85,33 @@ def test_inductor_trains_a_model_as_on_the_native_device(tmp_path, native_device
     compare_with_native(compiled_qwen3_training, native_device, tmp_path)
 
 
+def _control_flow(device):
+    # Self-contained: on an accelerator it runs in a side process. Compiled
+    # graphs with subgraphs (torch.cond's branches, while_loop's and map's
+    # bodies), inference and a training step through cond.
+    from torch._higher_order_ops.map import map as mapped
+
+    torch._dynamo.reset()
+    x = torch.randn(8, 5, generator=torch.Generator().manual_seed(0)).to(device)
+    w = torch.randn(5, generator=torch.Generator().manual_seed(1)).to(device).requires_grad_()
+    results = [
+        torch.compile(lambda a: torch.cond(a.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (a,)), fullgraph=True)(x),
+        torch.compile(lambda a: torch.while_loop(lambda i, t: i < 3, lambda i, t: (i + 1, t.sin()),
+                                                 (torch.tensor(0, device=a.device), a))[1], fullgraph=True)(x),
+        torch.compile(lambda a: mapped(lambda t: t.sin() + 1, a), fullgraph=True)(x),
+    ]
+    step = torch.compile(lambda a, w: torch.cond(a.sum() > 0, lambda t, v: (t * v).sin(), lambda t, v: (t * v).cos(),
+                                                 (a, w)).sum())
+    step(x, w).backward()
+    return [r.detach() for r in results] + [w.grad]
+
+
+def test_inductor_compiles_control_flow_subgraphs(tmp_path, native_device):
+    # The subgraphs' values were left on flagos while the graph moved to the
+    # native device, and inductor refused the mismatch.
+    compare_with_native(_control_flow, native_device, tmp_path)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_inductor_inference_on_the_gpu_equals_native_cuda(mode, native_device):
