@@ -64,24 +64,42 @@ def current_device():
     return _C._current_device()
 
 
+def _no_device(device):
+    # A negative index (a CPU tensor's get_device()) selects nothing, as in
+    # torch.cuda.set_device and torch.cuda.device.
+    return isinstance(device, int) and device < 0
+
+
 def set_device(device):
-    _C._set_device(_index(device))
+    if not _no_device(device):
+        _C._set_device(_index(device))
 
 
 class device:
-    """Context manager that makes `device` current for its block."""
+    """Context manager that makes `device` current for its block (a negative
+    index, or None, changes nothing, as torch.cuda.device)."""
 
     def __init__(self, device):
-        self.index = _index(device)
+        self.index = None if device is None or _no_device(device) else _index(device)
         self.previous = None
 
     def __enter__(self):
-        self.previous = _C._current_device()
-        _C._set_device(self.index)
+        if self.index is not None:
+            self.previous = _C._current_device()
+            _C._set_device(self.index)
 
     def __exit__(self, *exc):
-        _C._set_device(self.previous)
+        if self.index is not None:
+            _C._set_device(self.previous)
         return False
+
+
+class device_of(device):
+    """The device of tensor `obj` current for the block (nothing changes for
+    a CPU tensor), as torch.cuda.device_of."""
+
+    def __init__(self, obj):
+        super().__init__(obj.get_device() if obj.device.type == _BACKEND else -1)
 
 
 def synchronize(device=None):
@@ -156,6 +174,22 @@ def default_stream(device=None):
 
 def set_stream(stream):
     torch.accelerator.set_stream(stream)
+
+
+class StreamContext:
+    """torch.cuda.StreamContext's counterpart: `stream(s)` as a class (None
+    changes nothing)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self._context = None
+
+    def __enter__(self):
+        self._context = globals()["stream"](self.stream)
+        return self._context.__enter__()
+
+    def __exit__(self, *exc):
+        return self._context.__exit__(*exc)
 
 
 @contextlib.contextmanager

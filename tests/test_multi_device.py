@@ -368,6 +368,59 @@ def check_data_parallel_splits_the_batch_over_both_devices():
     assert "(2, 3)" in message and "(3,)" in message
 
 
+def check_convolution_refuses_another_devices_weight():
+    # The forward took a CPU or flagos:1 weight as flagos:0's (only its
+    # backward went through the router's device check).
+    import torch.nn.functional as F
+
+    x = torch.randn(1, 2, 8, 8, device="flagos:0")
+    for weight, bias, named in ((torch.randn(3, 2, 3, 3, device="flagos:1"), None, "flagos:1"),
+                                (torch.randn(3, 2, 3, 3), None, "cpu"),
+                                (torch.randn(3, 2, 3, 3, device="flagos:0"), torch.randn(3), "cpu")):
+        message = _raises(RuntimeError, lambda: F.conv2d(x, weight, bias))
+        assert "Expected all tensors to be on the same device" in message and named in message, message
+    with torch.no_grad():  # a module left on the CPU, under inference as well
+        assert "Expected all tensors" in _raises(RuntimeError, lambda: torch.nn.Conv2d(2, 3, 3)(x))
+
+
+def check_device_contexts_as_torch_cuda():
+    # A negative index (a CPU tensor's get_device()) selects nothing;
+    # device_of and StreamContext as torch.cuda has them.
+    torch.flagos.set_device(-1)
+    assert torch.flagos.current_device() == 0
+    with torch.flagos.device(-1), torch.flagos.device_of(torch.ones(1)):
+        assert torch.flagos.current_device() == 0
+    with torch.flagos.device_of(torch.ones(1, device="flagos:1")):
+        assert torch.flagos.current_device() == 1
+    assert torch.flagos.current_device() == 0
+    s = torch.flagos.Stream(1)
+    with torch.flagos.StreamContext(s):
+        assert torch.flagos.current_stream(1) == s and torch.flagos.current_device() == 1
+    with torch.flagos.StreamContext(None):
+        assert torch.flagos.current_device() == 0
+    assert torch.flagos.current_device() == 0 and torch.flagos.current_stream(1) != s
+
+
+def check_generators_pickle_and_copy():
+    # Every flagos device's generator, pickled, deep-copied and saved, draws
+    # on from where the original is (they raised: torch reads an offset,
+    # which the CPU generator behind them has not).
+    import copy
+    import pickle
+
+    for index in (0, 1):
+        gen = torch.Generator(f"flagos:{index}").manual_seed(3)
+        torch.randn(3, device=f"flagos:{index}", generator=gen)
+        buffer = io.BytesIO()
+        torch.save(gen, buffer)
+        buffer.seek(0)
+        copies = [pickle.loads(pickle.dumps(gen)), copy.deepcopy(gen), torch.load(buffer, weights_only=False)]
+        want = torch.randn(4, device=f"flagos:{index}", generator=gen).cpu()
+        for made in copies:
+            assert made.device == torch.device("flagos", index)
+            assert torch.equal(torch.randn(4, device=f"flagos:{index}", generator=made).cpu(), want)
+
+
 CHECKS = [name for name in list(globals()) if name.startswith("check_")]
 
 

@@ -38,6 +38,16 @@ class ConvolutionScope {
   std::optional<NativeScope> scope_;
 };
 
+// A convolution's tensors must share the input's device, as the router
+// checks any call's: the native kernel sees aliases of the native device
+// only, and took a CPU weight, or another flagos device's, as its own.
+void checkSameDevice(const at::Tensor& input, const at::Tensor& other, const char* argument, const char* op) {
+  TORCH_CHECK(
+      !other.defined() || other.device() == input.device(),
+      "Expected all tensors to be on the same device, but found at least two devices, ", input.device(), " and ",
+      other.device(), "! (when checking argument for argument ", argument, " in method aten::", op, ")");
+}
+
 at::Tensor convolution(
     const at::Tensor& input,
     const at::Tensor& weight,
@@ -48,6 +58,10 @@ at::Tensor convolution(
     bool transposed,
     c10::IntArrayRef output_padding,
     int64_t groups) {
+  checkSameDevice(input, weight, "weight", "convolution_overrideable");
+  if (bias.has_value()) {
+    checkSameDevice(input, *bias, "bias", "convolution_overrideable");
+  }
   c10::DeviceGuard guard(input.device());
   // Pooled aliases for the call, as the router's kernels take (an alias
   // that outlives a call costs a registration: followExports).
@@ -77,6 +91,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
     c10::IntArrayRef output_padding,
     int64_t groups,
     std::array<bool, 3> output_mask) {
+  checkSameDevice(input, weight, "weight", "convolution_backward_overrideable");
+  checkSameDevice(input, grad_output, "grad_output", "convolution_backward_overrideable");
   c10::DeviceGuard guard(input.device());
   std::optional<at::IntArrayRef> bias_sizes;
   std::vector<int64_t> bias_size;

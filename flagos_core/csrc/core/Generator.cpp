@@ -18,11 +18,17 @@ at::Generator NativeBackedGenerator::unwrap(const at::Generator& gen) {
 void NativeBackedGenerator::set_current_seed(uint64_t seed) {
   native_.set_current_seed(seed);
 }
+// A CPU generator (the host runtime's) has no offset, but torch pickles and
+// copies every non-CPU generator with one: there it reads 0, and setting 0
+// changes nothing (the state, restored after it, holds everything).
 void NativeBackedGenerator::set_offset(uint64_t offset) {
+  if (native_.device().is_cpu() && offset == 0) {
+    return;
+  }
   native_.set_offset(offset);
 }
 uint64_t NativeBackedGenerator::get_offset() const {
-  return native_.get_offset();
+  return native_.device().is_cpu() ? 0 : native_.get_offset();
 }
 uint64_t NativeBackedGenerator::current_seed() const {
   return native_.current_seed();
