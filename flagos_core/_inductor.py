@@ -183,14 +183,10 @@ class NativeInnerCompile:
     def __call__(self, gm, example_inputs, **kwargs):
         if not _uses_flagos(gm, example_inputs):
             return self.inner(gm, example_inputs, **kwargs)
-        native_gm, native_inputs, flagos_outputs, through, routes = _graph_on_native(gm, example_inputs)
-        positions = [i for i, flagos in enumerate(flagos_outputs) if flagos]
+        native_gm, native_inputs, output_devices, through, routes = _graph_on_native(gm, example_inputs)
+        positions = [i for i, index in enumerate(output_devices) if index is not None]
         return NativeCompiledGraph(self.inner(native_gm, native_inputs, **kwargs), positions,
-                                   _flagos_index(example_inputs), through, routes)
-
-
-def _flagos_index(inputs):
-    return next((x.device.index for x in inputs if _is_flagos(x)), 0) or 0
+                                   [output_devices[i] for i in positions], through, routes)
 
 
 def _on_native(inputs, on_native=None):
@@ -210,19 +206,24 @@ def _on_native(inputs, on_native=None):
 def _graph_on_native(gm, inputs):
     """A copy of a traced graph for the native device: device constants,
     tensor attributes and every node's fake value moved over. Also the
-    example inputs so moved, which outputs are flagos tensors (on the host
-    runtime native and CPU results look alike: only these become flagos
-    again), the ops it calls through flagos (_through_flagos's arguments),
+    example inputs so moved, the flagos device index of each output (None
+    for one that is not a flagos tensor: on the host runtime native and CPU
+    results look alike, only these become flagos again, each on its own
+    device), the ops it calls through flagos (_through_flagos's arguments),
     and the route of each op in it (what decided which go through flagos)."""
     from torch._guards import detect_fake_mode
 
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
-    flagos_outputs = [_is_flagos(_node_value(a) if isinstance(a, torch.fx.Node) else a)
+    output_devices = [_flagos_index_of(_node_value(a) if isinstance(a, torch.fx.Node) else a)
                       for a in pytree.tree_leaves(output_node.args)]
     on_native = _FakesOnDevice.to_native()
     through, routes = [], {}
     native_gm = _module_on_native(gm, on_native, through, routes, detect_fake_mode(inputs) is not None)
-    return native_gm, _on_native(inputs, on_native), flagos_outputs, through, routes
+    return native_gm, _on_native(inputs, on_native), output_devices, through, routes
+
+
+def _flagos_index_of(value):
+    return (value.device.index or 0) if _is_flagos(value) else None
 
 
 def _module_on_native(gm, on_native, through, routes, moves_fakes):
@@ -423,14 +424,15 @@ class NativeCompiledGraph:
     # makes an entry (the native graph's entry in inductor's cache).
     CACHE_ATTRIBUTES = ("_fx_graph_cache_key", "_fx_graph_cache_debug_lines", "guards_expr", "_time_taken_ns")
 
-    def __init__(self, compiled, flagos_positions, index, through=(), routes=None):
+    def __init__(self, compiled, flagos_positions, indices, through=(), routes=None):
         # On the instance: wrappers (torch._dynamo.disable) copy its __dict__.
         self._boxed_call = True
         self.compiled = compiled
         self.flagos_positions = list(flagos_positions)
-        self.index = index
+        # The flagos device of each of those results (one index: all of them).
+        self.indices = list(indices) if isinstance(indices, (list, tuple)) else [indices] * len(self.flagos_positions)
         # What a cache entry needs to put the crossing back (_inductor_cache.py).
-        self._flagos_crossing = dict(positions=self.flagos_positions, through=list(through), index=index,
+        self._flagos_crossing = dict(positions=self.flagos_positions, through=list(through), index=self.indices,
                                      routes=dict(routes or {}))
         if getattr(compiled, "_fx_graph_cache_key", None) is not None:  # (some torch asks hasattr only)
             for name in self.CACHE_ATTRIBUTES:
@@ -454,7 +456,7 @@ class NativeCompiledGraph:
             leaves, spec = pytree.tree_flatten(results)
             rebuild = lambda done: pytree.tree_unflatten(done, spec)  # noqa: E731
         del results  # so that results nothing else holds are taken over, not wrapped
-        _C._flagos_results_in_place(leaves, self.flagos_positions, self.index)
+        _C._flagos_results_in_place(leaves, self.flagos_positions, self.indices)
         return rebuild(leaves)
 
 

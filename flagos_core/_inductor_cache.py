@@ -18,7 +18,7 @@ import torch
 from ._inductor import NativeCompiledGraph, _is_flagos, _on_native, _through_flagos, route_of
 
 # What a side's record holds; another format is a miss.
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2  # 2: a device index per flagos output
 
 
 def aot_cache_keeps_the_crossing():

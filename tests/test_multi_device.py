@@ -421,6 +421,21 @@ def check_generators_pickle_and_copy():
             assert torch.equal(torch.randn(4, device=f"flagos:{index}", generator=made).cpu(), want)
 
 
+def check_compiled_results_stay_on_their_own_devices():
+    # Inductor's results came back all on one device: the first flagos
+    # input's, or flagos:0 without one.
+    x = torch.randn(3)
+    cases = [(lambda p: p.to("flagos:0") * 2, (x.to("flagos:1"),)),
+             (lambda: torch.arange(4, device="flagos:1"), ()),
+             (lambda p, q: (p.to(q.device) + q, p * 2), (x.to("flagos:0"), x.to("flagos:1")))]
+    for fn, args in cases:
+        torch._dynamo.reset()
+        want, got = fn(*args), torch.compile(fn)(*args)
+        want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+        assert [t.device for t in got] == [t.device for t in want]
+        assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(got, want))
+
+
 CHECKS = [name for name in list(globals()) if name.startswith("check_")]
 
 

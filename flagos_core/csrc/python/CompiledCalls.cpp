@@ -23,10 +23,18 @@ void nativeArgumentsInPlace(pybind11::list args) {
   }
 }
 
-void flagosResultsInPlace(pybind11::list results, const std::vector<int64_t>& positions, int index) {
-  activeRuntime().checkIndex(static_cast<c10::DeviceIndex>(index));
+void flagosResultsInPlace(
+    pybind11::list results,
+    const std::vector<int64_t>& positions,
+    const std::vector<int64_t>& indices) {
+  TORCH_CHECK(positions.size() == indices.size(), "flagos: ", positions.size(), " result positions, ", indices.size(), " devices");
+  for (int64_t index : indices) {
+    activeRuntime().checkIndex(static_cast<c10::DeviceIndex>(index));
+  }
   const auto size = static_cast<int64_t>(results.size());
-  for (int64_t i : positions) {
+  for (size_t k = 0; k < positions.size(); ++k) {
+    const int64_t i = positions[k];
+    const auto index = static_cast<c10::DeviceIndex>(indices[k]);
     TORCH_CHECK(i >= 0 && i < size, "flagos: result position ", i, " out of ", size);
     PyObject* item = PyList_GET_ITEM(results.ptr(), i);
     if (!THPVariable_Check(item)) {
@@ -40,7 +48,7 @@ void flagosResultsInPlace(pybind11::list results, const std::vector<int64_t>& po
     // longer holds is taken over rather than wrapped.
     results[i] = pybind11::none();
     results[i] = pybind11::reinterpret_steal<pybind11::object>(
-        THPVariable_Wrap(adoptNative(std::move(native), static_cast<c10::DeviceIndex>(index))));
+        THPVariable_Wrap(adoptNative(std::move(native), index)));
   }
 }
 

@@ -16,8 +16,12 @@ namespace flagos {
 void nativeArgumentsInPlace(pybind11::list args);
 
 // Replaces the native tensors at `positions` of `results` by flagos tensors
-// over the same memory on flagos:<index>, taking over those nothing else
-// holds (as the core's relabelled calls take over fresh results).
-void flagosResultsInPlace(pybind11::list results, const std::vector<int64_t>& positions, int index);
+// over the same memory, the one at positions[k] on flagos:<indices[k]>,
+// taking over those nothing else holds (as the core's relabelled calls take
+// over fresh results).
+void flagosResultsInPlace(
+    pybind11::list results,
+    const std::vector<int64_t>& positions,
+    const std::vector<int64_t>& indices);
 
 } // namespace flagos
