@@ -149,14 +149,25 @@ def get_amp_supported_dtype():
 # Streams and events are torch's generic ones on the flagos device. These
 # build plain torch.Stream / torch.Event objects (not subclasses: torch's
 # methods such as Event.elapsed_time accept only the exact types).
-class Stream:
+class _OnFlagos(type):
+    # isinstance(s, torch.flagos.Stream) holds for flagos streams (and
+    # events), as isinstance(s, torch.cuda.Stream) for CUDA's.
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, cls.native_type) and torch.device(obj.device).type == _BACKEND
+
+
+class Stream(metaclass=_OnFlagos):
+    native_type = torch.Stream
+
     def __new__(cls, device=None, priority=0, **kwargs):
         if "stream_id" in kwargs:
             return torch.Stream(**kwargs)
         return torch.Stream(device=torch.device(_BACKEND, _index(device)), priority=priority)
 
 
-class Event:
+class Event(metaclass=_OnFlagos):
+    native_type = torch.Event
+
     def __new__(cls, enable_timing=False, blocking=False, interprocess=False):
         return torch.Event(device=torch.device(_BACKEND, _C._current_device()), enable_timing=enable_timing,
                            blocking=blocking, interprocess=interprocess)

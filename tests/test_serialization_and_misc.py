@@ -246,6 +246,15 @@ def test_default_stream_and_cuda_style_helpers():
     assert torch.equal((x.to("flagos") * 3).cpu(), x * 3)
 
 
+def test_flagos_streams_and_events_are_instances_of_the_flagos_types():
+    # As isinstance(s, torch.cuda.Stream) holds for CUDA's streams.
+    stream, event = torch.flagos.Stream(), torch.flagos.Event()
+    assert isinstance(stream, torch.flagos.Stream) and isinstance(torch.flagos.current_stream(), torch.flagos.Stream)
+    assert isinstance(event, torch.flagos.Event) and not isinstance(event, torch.flagos.Stream)
+    assert not isinstance(stream, torch.flagos.Event) and not isinstance(torch.ones(1), torch.flagos.Stream)
+    assert type(stream) is torch.Stream  # torch's own type, which its methods take
+
+
 def test_stream_synchronization_calls():
     s = torch.flagos.Stream()
     default = torch.flagos.current_stream()
