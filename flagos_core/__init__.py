@@ -70,7 +70,7 @@ def _setup():
     _data_parallel.install()  # nn.DataParallel's copies between flagos devices
     _dlpack.install()  # DLPack exports flagos tensors as the native device's memory
     _python_choices.install()  # torch's Python picks by device type: the native device's pick
-    _conf.configure(_PLUGINS.confs())  # routing confs and FLAGOS_LOG_DISPATCH; raises ConfError
+    _conf.configure(_PLUGINS.confs(), _PLUGINS.refuse_conf)  # routing confs and FLAGOS_LOG_DISPATCH; raises ConfError
 
 
 def _let_autograd_threads_finish_at_exit():

@@ -385,14 +385,37 @@ def _apply(routes):
             raise ConfError(f"{rule.where}: {message}") from None
 
 
-def configure(plugin_confs=()):
-    """Import-time setup: FLAGOS_LOG_DISPATCH, then every conf layer."""
+def usable_plugin_confs(plugin_confs, refuse):
+    """The plugin confs that resolve on their own. A plugin's conf that does
+    not (unreadable, malformed, an unknown overload or provider) leaves out
+    all of that plugin's confs, through `refuse(plugin, error)`: a vendor's
+    mistake must not stop `import torch` for everyone (torch loads flagos as
+    a backend at its own import). The user's own confs still raise."""
+    refused = set()
+    for plugin, path in plugin_confs:
+        if plugin in refused:
+            continue
+        try:
+            plan = Plan()
+            for conf in read_file(path, f"plugin:{plugin}", f"plugin {plugin}"):
+                plan.add(conf)
+        except ConfError as error:
+            refused.add(plugin)
+            refuse(plugin, error)
+    return [(plugin, path) for plugin, path in plugin_confs if plugin not in refused]
+
+
+def configure(plugin_confs=(), refuse_plugin_conf=None):
+    """Import-time setup: FLAGOS_LOG_DISPATCH, then every conf layer (the
+    plugins' that resolve, where `refuse_plugin_conf` is given)."""
     global import_error
     try:
         if log_dispatch_requested(os.environ):
             _C._set_log_dispatch(True)
         if not env_switch(os.environ, WHOLE_OPS_ENV, True):
             _C._set_whole_ops(False)
+        if refuse_plugin_conf is not None:
+            plugin_confs = usable_plugin_confs(plugin_confs, refuse_plugin_conf)
         apply_all(plugin_confs)
     except ConfError as e:
         if not _imported_by_cli():

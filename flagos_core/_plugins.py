@@ -39,6 +39,9 @@ class PluginError(RuntimeError):
 def build_mismatch(info: hookspecs.PluginInfo) -> str:
     """Why a plugin's compiled code cannot be loaded into this core, or ''."""
     problems = []
+    if info.abi_version is not None and not isinstance(info.abi_version, int):
+        return (f"{info.name} {info.version}: PluginInfo.abi_version must be an int (or None), got "
+                f"{type(info.abi_version).__name__} {info.abi_version!r}")
     if info.abi_version is not None and info.abi_version != _C.PLUGIN_ABI_VERSION:
         problems.append(f"plugin ABI {info.abi_version} (this core has plugin ABI {_C.PLUGIN_ABI_VERSION})")
     if info.torch_version is not None and info.torch_version != torch.__version__:
@@ -70,11 +73,21 @@ class Plugins:
             return
         info = info_impl()
         reason = build_mismatch(info)
+        if not reason and self.manager.has_plugin(info.name):
+            reason = f"another loaded plugin is named {info.name} (PluginInfo.name must be unique)"
         status = PluginStatus(info.name, info.version, not reason, reason)
-        self.statuses.append(status)
         if not reason:
+            # Listed once registered: pluggy refuses a hook with the wrong
+            # arguments, a hook name no spec has (a misspelling, which would
+            # never be called), or a second plugin of the same name.
             self.manager.register(module, name=info.name)
+            try:
+                self.manager.check_pending()
+            except Exception:
+                self.manager.unregister(module)
+                raise
             self.owner[module] = status
+        self.statuses.append(status)
 
     def discover(self):
         if os.environ.get(DISCOVER_ENV, "1") == "0":
@@ -133,6 +146,8 @@ class Plugins:
         for plugin, spec in self.choose_runtime():
             try:
                 spec.activate()
+                if not _C._has_runtime():
+                    raise PluginError("activate() returned without activating a runtime")
             except Exception as error:
                 if explicit:
                     raise PluginError(f"{RUNTIME_ENV}={spec.name}: activating it failed: "
@@ -151,6 +166,14 @@ class Plugins:
                     provider.register()
                 except Exception as error:
                     self._problem(plugin, f"registering the {provider.name} provider", error)
+
+    def refuse_conf(self, plugin_name, error):
+        """A loaded plugin's routing conf that cannot be applied: left out,
+        with a warning, and listed in plugins()."""
+        status = next(s for s in self.statuses if s.name == plugin_name and s.loaded)
+        message = f"its routing confs were left out: {error}"
+        status.problems.append(message)
+        warnings.warn(f"flagos: plugin {status.name} {status.version}: {message}", RuntimeWarning, stacklevel=3)
 
     def confs(self):
         """(plugin name, path) of every conf shipped by a loaded plugin."""

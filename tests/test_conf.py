@@ -444,3 +444,29 @@ def test_a_python_providers_results_are_checked():
         "flagos: provider 'returns_badly' returned a tensor on cpu as result 0 of aten::sub.Tensor, called on "
         "flagos tensors: return flagos tensors (.to(the input's device))",
         "[0.0, 0.0]"]
+
+
+def test_a_python_kernels_silent_mistakes_are_errors():
+    # A lone Tensor result of None (a missing return), and a new tensor from
+    # an in-place overload (the argument left as it was): both came back
+    # silently. Writing the argument and returning it works.
+    result = run_python("""\
+        import torch, flagos_core
+        flagos_core.register_python_provider("forgetful", {
+            "exp": lambda x: None, "relu_": lambda x: torch.relu(x),
+            "neg_": lambda x: (flagos_core.as_native(x).neg_(), x)[1]})
+        y = torch.tensor([-1.0, 2.0], device="flagos")
+        with flagos_core.routes({"exp": "forgetful", "relu_": "forgetful", "neg_": "forgetful"}):
+            for op in (lambda: torch.exp(y), lambda: y.relu_()):
+                try:
+                    op()
+                except RuntimeError as e:
+                    print(str(e).splitlines()[0])
+            print(y.neg_().cpu().tolist())
+        """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "flagos: provider 'forgetful' returned None for aten::exp, which returns a Tensor (a missing return?)",
+        "flagos: provider 'forgetful' returned a new tensor from aten::relu_, which writes its argument and returns "
+        "it: write the argument (through as_native(t) for a native kernel) and return it",
+        "[1.0, -2.0]"]

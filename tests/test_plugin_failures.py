@@ -74,3 +74,69 @@ def test_when_no_runtime_activates_the_error_says_why():
     assert ("no device runtime could be activated; the host runtime: ValueError: FLAGOS_HOST_DEVICES must be "
             "between 1 and 64, got 0") in out.stderr
     assert "import flagos_core (or torch, which autoloads it) first" not in out.stderr
+
+
+def _plugin(name, **hooks):
+    module = types.ModuleType(name.replace("-", "_"))
+    module.flagos_plugin_info = hookimpl(lambda: PluginInfo(name, "0.1"))
+    for hook, function in hooks.items():
+        setattr(module, hook, function)
+    return module
+
+
+def test_plugins_pluggy_refuses_are_listed_once_as_refused(monkeypatch):
+    # A hook with other arguments than its spec, a hook name no spec has (a
+    # misspelling: it would never be called), and a second plugin of one
+    # name are refused; each was listed as loaded too, and the misspelling
+    # not at all.
+    p = _plugins.Plugins()
+    for entry, module in (
+        ("wrong-arguments", _plugin("flagos-wrong", flagos_extend_device_module=hookimpl(lambda mod, runtime: None))),
+        ("misspelled", _plugin("flagos-misspelled", flagos_provider=hookimpl(lambda: []))),
+        ("first", _plugin("flagos-twice")),
+        ("second", _plugin("flagos-twice")),
+    ):
+        try:
+            p._register(module, entry)
+        except Exception as error:  # as discover() records what loading raises
+            p.statuses.append(_plugins.PluginStatus(entry, "0.1", False, f"loading it failed: {error}"))
+    states = [(s.name, s.loaded) for s in p.statuses]
+    assert states == [("flagos-core", True), ("wrong-arguments", False), ("misspelled", False),
+                      ("flagos-twice", True), ("flagos-twice", False)]
+    assert "unknown hook 'flagos_provider'" in p.statuses[2].reason
+    assert "another loaded plugin is named flagos-twice" in p.statuses[4].reason
+
+
+def test_a_string_abi_version_is_named_as_the_mistake():
+    info = PluginInfo("flagos-str", "0.1", abi_version=str(flagos_core._C.PLUGIN_ABI_VERSION))
+    assert "abi_version must be an int (or None), got str" in _plugins.build_mismatch(info)
+
+
+def test_a_runtime_that_does_not_activate_falls_back(monkeypatch):
+    monkeypatch.delenv("FLAGOS_RUNTIME", raising=False)
+    if flagos_core.runtime()["name"] != "host":
+        pytest.skip("checks the fallback to the host runtime")
+    p = _plugins.Plugins()
+    p._register(_plugin("flagos-idle", flagos_runtimes=hookimpl(lambda: [RuntimeSpec(
+        "idle", priority=1000, is_available=lambda: True, activate=lambda: None)])), "idle")
+    # The host runtime is already active in this process, so the check after
+    # activate() cannot tell here: the idle runtime's own call is what fails.
+    monkeypatch.setattr(flagos_core._C, "_has_runtime", lambda: False)
+    with pytest.warns(RuntimeWarning, match="activate\\(\\) returned without activating a runtime"):
+        with pytest.raises(_plugins.PluginError, match="no device runtime could be activated"):
+            p.activate()
+
+
+def test_a_plugins_conf_that_cannot_be_applied_is_left_out(tmp_path):
+    # A vendor's broken conf must not stop `import torch` (which loads flagos
+    # as a backend): that plugin's confs are left out, with a warning.
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("routes:\n  sin: no_such_provider\n")
+    good = tmp_path / "good.yaml"
+    good.write_text("routes:\n  cos: cpu_fallback\n")
+    refused = []
+    usable = flagos_core._conf.usable_plugin_confs(
+        [("flagos-bad", str(good)), ("flagos-bad", str(bad)), ("flagos-good", str(good))],
+        lambda plugin, error: refused.append((plugin, str(error))))
+    assert usable == [("flagos-good", str(good))]
+    assert refused and refused[0][0] == "flagos-bad" and "no_such_provider" in refused[0][1]

@@ -49,6 +49,15 @@ class PythonProvider final : public KernelProvider {
       flagos_input = flagos_input ||
           (v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == c10::DeviceType::PrivateUse1);
     }
+    // The written tensor arguments (in-place self, out=): a kernel must
+    // return them, having written them.
+    std::vector<std::pair<const c10::AliasInfo*, at::Tensor>> written;
+    for (size_t i = 0; i < nargs; ++i) {
+      const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
+      if (alias != nullptr && alias->isWrite() && args[i].isTensor()) {
+        written.emplace_back(alias, args[i].toTensor());
+      }
+    }
     py::tuple py_args(nargs);
     for (size_t i = 0; i < nargs; ++i) {
       py_args[i] = torch::jit::toPyObject(std::move(args[i]));
@@ -57,7 +66,12 @@ class PythonProvider final : public KernelProvider {
 
     const auto& returns = schema.returns();
     if (returns.size() == 1) {
+      // A lone Tensor result of None is a kernel that forgot to return.
+      TORCH_CHECK(
+          !result.is_none() || returns[0].real_type()->kind() != c10::TypeKind::TensorType, "flagos: provider '",
+          name(), "' returned None for ", op.operator_name(), ", which returns a Tensor (a missing return?)");
       stack->push_back(checkedResult(op, result, returns[0], 0, flagos_input));
+      checkWritten(op, stack->back(), returns[0], written);
     } else if (!returns.empty()) {
       auto items = py::cast<py::sequence>(result);
       TORCH_CHECK(
@@ -65,11 +79,34 @@ class PythonProvider final : public KernelProvider {
           " values for ", op.operator_name(), ", which returns ", returns.size());
       for (size_t i = 0; i < returns.size(); ++i) {
         stack->push_back(checkedResult(op, items[i], returns[i], i, flagos_input));
+        checkWritten(op, stack->back(), returns[i], written);
       }
     }
   }
 
  private:
+  // A result the schema says is a written argument (in-place, out=) must be
+  // that tensor: a fresh one would leave the argument as it was, silently.
+  void checkWritten(
+      const c10::OperatorHandle& op,
+      const c10::IValue& result,
+      const c10::Argument& ret,
+      const std::vector<std::pair<const c10::AliasInfo*, at::Tensor>>& written) const {
+    const c10::AliasInfo* alias = ret.alias_info();
+    if (alias == nullptr || !alias->isWrite() || !result.isTensor()) {
+      return;
+    }
+    for (const auto& [arg_alias, tensor] : written) {
+      if (arg_alias->beforeSets() == alias->beforeSets()) {
+        TORCH_CHECK(
+            result.toTensor().is_same(tensor), "flagos: provider '", name(), "' returned a new tensor from ",
+            op.operator_name(), ", which writes its argument and returns it: write the argument (through "
+            "as_native(t) for a native kernel) and return it");
+        return;
+      }
+    }
+  }
+
   // A kernel's result as the schema's type. A Tensor result must be a tensor,
   // or None for an undefined one (a gradient not asked for, attention
   // weights not needed: native kernels return such), and for a call on
