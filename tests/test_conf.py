@@ -424,49 +424,45 @@ def test_a_default_to_cpu_fallback_keeps_views_on_their_provider(tmp_path):
 def test_a_python_providers_results_are_checked():
     # Another type where a Tensor is due, or a CPU tensor from a call on
     # flagos tensors, is an error naming the provider, not a silent result.
-    # (In a fresh process: a provider cannot be unregistered.)
-    result = run_python("""\
-        import torch, flagos_core
-        flagos_core.register_python_provider("returns_badly", {
-            "div.Tensor": lambda a, b: 2.0, "sub.Tensor": lambda a, b, alpha=1: torch.ones(5)})
-        x = torch.ones(2, device="flagos")
-        with flagos_core.routes({"div.Tensor": "returns_badly", "sub.Tensor": "returns_badly"}):
-            for op in (lambda: x / x, lambda: x - x):
-                try:
-                    op()
-                except RuntimeError as e:
-                    print(str(e).splitlines()[0])
-        print((x - x).cpu().tolist())
-        """)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [
-        "flagos: provider 'returns_badly' returned float as result 0 of aten::div.Tensor, which is a Tensor",
-        "flagos: provider 'returns_badly' returned a tensor on cpu as result 0 of aten::sub.Tensor, called on "
+    assert _python_provider_errors(
+        """{"div.Tensor": lambda a, b: 2.0, "sub.Tensor": lambda a, b, alpha=1: torch.ones(5)}""",
+        "torch.ones(2, device='flagos')", ["x / x", "x - x"], "(x - x)") == [
+        "flagos: provider 'checked' returned float as result 0 of aten::div.Tensor, which is a Tensor",
+        "flagos: provider 'checked' returned a tensor on cpu as result 0 of aten::sub.Tensor, called on "
         "flagos tensors: return flagos tensors (.to(the input's device))",
         "[0.0, 0.0]"]
+
+
+def _python_provider_errors(kernels, tensor, calls, after):
+    """In a fresh process (a provider cannot be unregistered): with `kernels`
+    registered as provider `checked` and routed, each call's values or the
+    first line of its error; then, the routes gone again, `after`'s values."""
+    result = run_python(f"""\
+        import torch, flagos_core
+        kernels = {kernels}
+        flagos_core.register_python_provider("checked", kernels)
+        x = {tensor}
+        with flagos_core.routes({{name: "checked" for name in kernels}}):
+            for call in {calls!r}:
+                try:
+                    print(eval(call).cpu().tolist())
+                except RuntimeError as e:
+                    print(str(e).splitlines()[0])
+        print({after}.cpu().tolist())
+        """)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
 
 
 def test_a_python_kernels_silent_mistakes_are_errors():
     # A lone Tensor result of None (a missing return), and a new tensor from
     # an in-place overload (the argument left as it was): both came back
     # silently. Writing the argument and returning it works.
-    result = run_python("""\
-        import torch, flagos_core
-        flagos_core.register_python_provider("forgetful", {
-            "exp": lambda x: None, "relu_": lambda x: torch.relu(x),
-            "neg_": lambda x: (flagos_core.as_native(x).neg_(), x)[1]})
-        y = torch.tensor([-1.0, 2.0], device="flagos")
-        with flagos_core.routes({"exp": "forgetful", "relu_": "forgetful", "neg_": "forgetful"}):
-            for op in (lambda: torch.exp(y), lambda: y.relu_()):
-                try:
-                    op()
-                except RuntimeError as e:
-                    print(str(e).splitlines()[0])
-            print(y.neg_().cpu().tolist())
-        """)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [
-        "flagos: provider 'forgetful' returned None for aten::exp, which returns a Tensor (a missing return?)",
-        "flagos: provider 'forgetful' returned a new tensor from aten::relu_, which writes its argument and returns "
+    assert _python_provider_errors(
+        """{"exp": lambda x: None, "relu_": lambda x: torch.relu(x),
+                   "neg_": lambda x: (flagos_core.as_native(x).neg_(), x)[1]}""",
+        "torch.tensor([-1.0, 2.0], device='flagos')", ["torch.exp(x)", "x.relu_()", "x.neg_()"], "x") == [
+        "flagos: provider 'checked' returned None for aten::exp, which returns a Tensor (a missing return?)",
+        "flagos: provider 'checked' returned a new tensor from aten::relu_, which writes its argument and returns "
         "it: write the argument (through as_native(t) for a native kernel) and return it",
-        "[1.0, -2.0]"]
+        "[1.0, -2.0]", "[1.0, -2.0]"]
