@@ -38,6 +38,10 @@ struct alignas(64) Slot {
   std::string name;
   KernelProvider* explicit_provider = nullptr;
   std::string layer = "default";
+  // A slot made for an overload outside the generated table that is a
+  // composite (its kernel for every device calls other overloads): it never
+  // reaches the router, so it cannot be routed.
+  bool composite = false;
 };
 
 struct alignas(64) Router {
@@ -216,6 +220,11 @@ size_t dynamicSlot(const c10::OperatorHandle& op) {
   const std::string name = overloadName(op);
   auto existing = r.by_name.find(name);
   size_t index = existing != r.by_name.end() ? existing->second : r.addSlotLocked(name, false);
+  if (existing == r.by_name.end()) {
+    r.slots[index].composite = op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+        op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+        op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+  }
   r.dynamic_by_op.emplace(key, index);
   return index;
 }
@@ -230,7 +239,7 @@ void dynamicKernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, Stac
 const std::unordered_set<std::string>& coreOwned() {
   static const std::unordered_set<std::string> names = {
       "empty.memory_format", "empty_strided", "copy_", "_copy_from", "_copy_from_and_resize", "record_stream",
-      "is_set_to"};
+      "is_set_to", "convolution_overrideable", "convolution_backward_overrideable"};
   return names;
 }
 
@@ -347,6 +356,10 @@ void setRoute(const std::string& overload, const std::string& provider_name, con
   auto handle = findHandle(name);
   Router& r = router();
   std::lock_guard<std::mutex> lock(r.mutex);
+  // The route would be taken, reported, and do nothing.
+  TORCH_CHECK(
+      !r.slots[index].composite, "flagos: ", name, " cannot be routed: PyTorch runs it as a composite on every ",
+      "device, which calls other overloads (flagos_core.trace() lists them); route those instead");
   KernelProvider* provider = r.providerLocked(provider_name);
   TORCH_CHECK(
       provider != nullptr, "flagos: unknown provider '", provider_name, "' for ", name,
@@ -401,7 +414,7 @@ std::vector<std::string> slotNames() {
   std::vector<std::string> names;
   names.reserve(r.slot_count);
   for (size_t i = 0; i < r.slot_count; ++i) {
-    if (!coreOwned().count(r.slots[i].name)) {
+    if (!coreOwned().count(r.slots[i].name) && !r.slots[i].composite) {
       names.push_back(r.slots[i].name);
     }
   }
