@@ -106,6 +106,7 @@ def _control_flow(device):
     return [r.detach() for r in results] + [w.grad]
 
 
+@pytest.mark.native
 def test_inductor_compiles_control_flow_subgraphs(tmp_path, native_device):
     # The subgraphs' values were left on flagos while the graph moved to the
     # native device, and inductor refused the mismatch.
