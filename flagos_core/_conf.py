@@ -392,11 +392,11 @@ def usable_plugin_confs(plugin_confs, refuse):
     mistake must not stop `import torch` for everyone (torch loads flagos as
     a backend at its own import). The user's own confs still raise."""
     refused = set()
+    plan = Plan()  # one for the checks: its overload names and providers' kernels found once
     for plugin, path in plugin_confs:
         if plugin in refused:
             continue
         try:
-            plan = Plan()
             for conf in read_file(path, f"plugin:{plugin}", f"plugin {plugin}"):
                 plan.add(conf)
         except ConfError as error:

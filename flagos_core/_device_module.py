@@ -196,7 +196,7 @@ class StreamContext:
         self._context = None
 
     def __enter__(self):
-        self._context = globals()["stream"](self.stream)
+        self._context = stream(self.stream)
         return self._context.__enter__()
 
     def __exit__(self, *exc):

@@ -429,8 +429,7 @@ class NativeCompiledGraph:
         self._boxed_call = True
         self.compiled = compiled
         self.flagos_positions = list(flagos_positions)
-        # The flagos device of each of those results (one index: all of them).
-        self.indices = list(indices) if isinstance(indices, (list, tuple)) else [indices] * len(self.flagos_positions)
+        self.indices = list(indices)  # the flagos device index of each of those results
         # What a cache entry needs to put the crossing back (_inductor_cache.py).
         self._flagos_crossing = dict(positions=self.flagos_positions, through=list(through), index=self.indices,
                                      routes=dict(routes or {}))

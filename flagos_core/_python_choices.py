@@ -27,14 +27,9 @@ def install():
 
     def _adjust(self, num_batches, in_features, num_classes, dtype, device=None):
         if device is not None and torch.device(device).type == BACKEND:
-            device = native_device(torch.device(device))
+            device = _C._native_device(torch.device(device).index or 0)  # flagos:i's native device
         return torch_adjust(self, num_batches, in_features, num_classes, dtype, device)
 
     _adjust.__doc__ = torch_adjust.__doc__
     LinearCrossEntropyOptions._adjust = _adjust
 
-
-def native_device(device):
-    """The native device that flagos device `device` runs on."""
-    native = _C._native_device_type()
-    return torch.device(native) if native == "cpu" else torch.device(native, device.index or 0)

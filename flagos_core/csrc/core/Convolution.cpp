@@ -6,6 +6,7 @@
 #include <flagos/Relabel.h>
 #include <flagos/Runtime.h>
 
+#include "core/RelabelCall.h"
 #include "core/RouterInternal.h"
 
 #include <ATen/ATen.h>
@@ -42,10 +43,9 @@ class ConvolutionScope {
 // checks any call's: the native kernel sees aliases of the native device
 // only, and took a CPU weight, or another flagos device's, as its own.
 void checkSameDevice(const at::Tensor& input, const at::Tensor& other, const char* argument, const char* op) {
-  TORCH_CHECK(
-      !other.defined() || other.device() == input.device(),
-      "Expected all tensors to be on the same device, but found at least two devices, ", input.device(), " and ",
-      other.device(), "! (when checking argument for argument ", argument, " in method aten::", op, ")");
+  if (other.defined() && other.device() != input.device()) {
+    detail::mixedDevices(input.device(), other.device(), argument, std::string("aten::") + op);
+  }
 }
 
 at::Tensor convolution(

@@ -50,10 +50,13 @@ C10_NOINLINE static bool writesArgument(const c10::OperatorHandle& op, size_t ar
 }
 
 void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg) {
+  mixedDevices(a, b, op.schema().arguments().at(arg).name(), c10::toString(op.operator_name()));
+}
+
+void mixedDevices(const c10::Device& a, const c10::Device& b, const std::string& argument, const std::string& op) {
   TORCH_CHECK(
       false, "Expected all tensors to be on the same device, but found at least two devices, ", a, " and ", b,
-      "! (when checking argument for argument ", op.schema().arguments().at(arg).name(), " in method ",
-      op.operator_name(), ")");
+      "! (when checking argument for argument ", argument, " in method ", op, ")");
 }
 
 c10::DeviceIndex CallState::settleDeviceSlowly(c10::OptionalDeviceGuard& guard) {

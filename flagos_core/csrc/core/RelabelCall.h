@@ -16,6 +16,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <optional>
+#include <string>
 #include <utility>
 
 namespace flagos {
@@ -77,8 +78,11 @@ inline void writeBack(const Alias& a, c10::DeviceIndex index, c10::ArrayRef<cons
   }
 }
 
-// `arg`: the argument's index in op's schema (read only to name it here).
+// PyTorch's error for tensors of two devices in one call, naming the
+// argument found on the second and the op. `arg`: the argument's index in
+// op's schema (read only to name it here).
 [[noreturn]] void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg);
+[[noreturn]] void mixedDevices(const c10::Device& a, const c10::Device& b, const std::string& argument, const std::string& op);
 
 struct CallState {
   const c10::OperatorHandle& op;
