@@ -16,7 +16,6 @@
 #include "core/CallConstants.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
 #include <ATen/ops/_fused_sdp_choice_ops.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
@@ -66,12 +65,11 @@ int64_t nativeSdpChoice(
     return at::_ops::_fused_sdp_choice::redispatch(
         c.native_keys, standIn(query), standIn(key), standIn(value), mask, dropout_p, is_causal, scale, enable_gqa);
   }
-  if (C10_UNLIKELY(
-          at::GradMode::is_enabled() &&
-          (query.requires_grad() || key.requires_grad() || value.requires_grad() || mask_requires_grad))) {
+  if (C10_UNLIKELY(query.requires_grad() || key.requires_grad() || value.requires_grad() || mask_requires_grad)) {
     // The choice reads requires_grad (CPU's flash kernel gives a mask no
-    // gradient, so CPU takes the math path then), and pooled aliases, made
-    // below autograd, have none: fresh aliases that carry it stand in.
+    // gradient, so CPU takes the math path then, under no_grad too: a
+    // reentrant checkpoint's forward), and pooled aliases, made below
+    // autograd, have none: fresh aliases that carry it stand in.
     auto carrying = [](const at::Tensor& t) {
       if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) {
         return t;
