@@ -12,8 +12,10 @@ them, at about half of CPU's speed). On the host runtime the kernels are
 CPU's, so flagos's recurrent layers take CPU's decompositions, under the
 same conditions and with the same ops in the same order (the unfused cells'
 step loop in C++, csrc/python/RecurrentSteps.cpp), and give the same
-results bit for bit. Packed sequences (other overloads) and tensors on
-several devices decompose as PyTorch decomposes them for flagos.
+results bit for bit. Packed sequences (the `.data` overloads) likewise:
+CPU's packed layers, the input gates of every step at once, then the
+unfused cell over each step's shrinking (or, reversed, growing) batch.
+Tensors on several devices decompose as PyTorch decomposes them for flagos.
 `nn.LSTMCell` and `nn.GRUCell` (`lstm_cell`, `gru_cell`) take CPU's unfused
 cell too, as one step of the same loop.
 
@@ -45,11 +47,16 @@ def _layer_weights(params, has_biases, projections, index):
 
 
 def _stacked(input, states, params, has_biases, num_layers, dropout, train, bidirectional, batch_first, run_layer,
-             projections=False):
+             projections=False, contiguous=False):
     # CPU's layer stack: layer by layer, each direction's output side by side,
     # dropout between layers; -> (output, the final states stacked per kind).
+    # `contiguous`: the input made contiguous once, before the first layer,
+    # as CPU's oneDNN stack does (once per direction would put two copies in
+    # the graph, and a double backward would sum their gradients otherwise).
     directions = 2 if bidirectional else 1
     layer_input = input.transpose(0, 1) if batch_first else input
+    if contiguous:
+        layer_input = layer_input.contiguous()
     final = []
     for layer in range(num_layers):
         outputs = []
@@ -89,7 +96,7 @@ def _onednn_lstm_layer(num_layers, has_biases, bidirectional, batch_first, train
             b_hh = torch.zeros(w_hh.shape, dtype=w_hh.dtype, device=w_hh.device)
         h, c = state
         output, hy, cy, _ = torch.ops.aten.mkldnn_rnn_layer(
-            layer_input.contiguous(), w_ih, w_hh, b_ih, b_hh, h, c, reverse, [], 2, h.size(-1),  # 2: oneDNN's LSTM
+            layer_input, w_ih, w_hh, b_ih, b_hh, h, c, reverse, [], 2, h.size(-1),  # 2: oneDNN's LSTM
             num_layers, has_biases, bidirectional, batch_first, train)
         return output, (hy, cy)
     return run
@@ -125,6 +132,81 @@ def _simple_layer(nonlinearity):
             outputs.reverse()
         return torch.stack(outputs, 0), (hidden,)
     return run
+
+
+def _packed_stacked(data, batch_sizes, states, params, has_biases, num_layers, dropout, train, bidirectional, cell,
+                    projections=False):
+    # CPU's packed layer stack (PackedLayer, ReversedPackedLayer): per layer
+    # and direction the input gates of every step in one linear, then `cell`
+    # step by step; each direction's output side by side, dropout between
+    # layers; -> (output data, the final states stacked per kind).
+    sizes = batch_sizes.tolist()
+    directions = 2 if bidirectional else 1
+    layer_input, final = data, []
+    for layer in range(num_layers):
+        outputs = []
+        for direction in range(directions):
+            index = layer * directions + direction
+            weights = _layer_weights(params, has_biases, projections, index)
+            run = _packed_reversed if direction > 0 else _packed_forward
+            output, state = run(F.linear(layer_input, weights[0], weights[2]), sizes,
+                                tuple(s[index] for s in states), lambda x, h: cell(x, h, weights))
+            outputs.append(output)
+            final.append(state)
+        layer_input = outputs[0] if directions == 1 else torch.cat(outputs, -1)
+        if dropout != 0 and train and layer < num_layers - 1:
+            layer_input = torch.dropout(layer_input, dropout, True)
+    return layer_input, [torch.stack(kind, 0) for kind in zip(*final)]
+
+
+def _packed_forward(gates, sizes, hidden, step):
+    # The batch shrinks as sequences end: their final states are set aside
+    # and put back in batch order at the end.
+    outputs, finished, offset, last = [], [], 0, sizes[0]
+    for size in sizes:
+        if size < last:
+            finished.append(tuple(h.narrow(0, size, last - size) for h in hidden))
+            hidden = tuple(h.narrow(0, 0, size) for h in hidden)
+        hidden = step(gates.narrow(0, offset, size), hidden)
+        outputs.append(hidden[0])
+        offset, last = offset + size, size
+    finished.append(hidden)
+    finished.reverse()
+    return torch.cat(outputs, 0), tuple(torch.cat(kind, 0) for kind in zip(*finished))
+
+
+def _packed_reversed(gates, sizes, initial, step):
+    # From the last step back: the batch grows, taking the initial states of
+    # the sequences that join.
+    outputs, offset, last = [], gates.size(0), sizes[-1]
+    hidden = tuple(h.narrow(0, 0, last) for h in initial)
+    for size in reversed(sizes):
+        if size > last:
+            hidden = tuple(torch.cat([h, h0.narrow(0, last, size - last)], 0) for h, h0 in zip(hidden, initial))
+        offset -= size
+        hidden = step(gates.narrow(0, offset, size), hidden)
+        outputs.append(hidden[0])
+        last = size
+    outputs.reverse()
+    return torch.cat(outputs, 0), hidden
+
+
+def _lstm_cell_step(gates, state, weights):
+    _, w_hh, _, b_hh, w_hr = weights
+    _, h, c = _C._lstm_steps(gates.unsqueeze(0), *state, w_hh, b_hh, w_hr, False)
+    return h, c
+
+
+def _gru_cell_step(gates, state, weights):
+    _, w_hh, _, b_hh, _ = weights
+    return _C._gru_steps(gates.unsqueeze(0), state[0], w_hh, b_hh, False)[1:]
+
+
+def _simple_cell_step(nonlinearity):
+    def step(gates, state, weights):
+        _, w_hh, _, b_hh, _ = weights
+        return (nonlinearity(F.linear(state[0], w_hh, b_hh).add_(gates)),)
+    return step
 
 
 def _pytorchs_decomposition(op, *args):
@@ -164,7 +246,7 @@ def _lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirection
         h0, c0 = hx[0].contiguous(), hx[1].contiguous()
         layer = _onednn_lstm_layer(num_layers, has_biases, bidirectional, batch_first, train)
         output, (hy, cy) = _stacked(input, (h0, c0), params, has_biases, num_layers, dropout, train, bidirectional,
-                                    batch_first, layer)
+                                    batch_first, layer, contiguous=True)
         return output, hy, cy
     output, (hy, cy) = _stacked(input, (hx[0].unbind(0), hx[1].unbind(0)), params, has_biases, num_layers, dropout,
                                 train, bidirectional, batch_first, _lstm_layer, projections)
@@ -189,6 +271,29 @@ def _one_hidden(op, run_layer):
                                            bidirectional, batch_first)
         output, (hy,) = _stacked(input, (hx.unbind(0),), params, has_biases, num_layers, dropout, train,
                                  bidirectional, batch_first, run_layer)
+        return output, hy
+    return kernel
+
+
+@_not_traced
+def _packed_lstm(data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional):
+    if not _on_one_device(data, hx, params):
+        return _pytorchs_decomposition(torch.ops.aten.lstm.data, data, batch_sizes, hx, params, has_biases,
+                                       num_layers, dropout, train, bidirectional)
+    projections = len(params) // (num_layers * (2 if bidirectional else 1)) in (3, 5)
+    output, (hy, cy) = _packed_stacked(data, batch_sizes, (hx[0].unbind(0), hx[1].unbind(0)), params, has_biases,
+                                       num_layers, dropout, train, bidirectional, _lstm_cell_step, projections)
+    return output, hy, cy
+
+
+def _packed_one_hidden(op, cell):
+    @_not_traced
+    def kernel(data, batch_sizes, hx, params, has_biases, num_layers, dropout, train, bidirectional):
+        if not _on_one_device(data, (hx,), params):
+            return _pytorchs_decomposition(op, data, batch_sizes, hx, params, has_biases, num_layers, dropout, train,
+                                           bidirectional)
+        output, (hy,) = _packed_stacked(data, batch_sizes, (hx.unbind(0),), params, has_biases, num_layers, dropout,
+                                        train, bidirectional, cell)
         return output, hy
     return kernel
 
@@ -229,6 +334,10 @@ def register():
         kernels = (("lstm.input", _lstm), ("gru.input", _gru),
                    ("rnn_tanh.input", _one_hidden(torch.ops.aten.rnn_tanh.input, _simple_layer(torch.tanh))),
                    ("rnn_relu.input", _one_hidden(torch.ops.aten.rnn_relu.input, _simple_layer(torch.relu))),
+                   ("lstm.data", _packed_lstm),
+                   ("gru.data", _packed_one_hidden(torch.ops.aten.gru.data, _gru_cell_step)),
+                   ("rnn_tanh.data", _packed_one_hidden(torch.ops.aten.rnn_tanh.data, _simple_cell_step(torch.tanh))),
+                   ("rnn_relu.data", _packed_one_hidden(torch.ops.aten.rnn_relu.data, _simple_cell_step(torch.relu))),
                    ("lstm_cell", _lstm_cell), ("gru_cell", _gru_cell))
         for name, kernel in kernels:
             for key in ("AutogradPrivateUse1", "PrivateUse1"):

@@ -6,9 +6,8 @@ Elsewhere (the host runtime) the core's `composite` provider serves them
 layers and rms_norm take the native device's own path (cuDNN's RNN and the
 fused rms_norm on CUDA, CPU's decompositions on the host runtime) and equal
 its results bitwise, and so do nn.LSTMCell and nn.GRUCell (CPU's unfused
-cells on the host runtime); packed sequences step through the fused cells,
-which equal CUDA's bitwise, and CPU's to rounding (the composite provider's
-cells sum in another order than CPU's unfused ones)."""
+cells on the host runtime), and packed sequences (cuDNN's RNN; CPU's
+packed layers)."""
 
 import copy
 import warnings
@@ -150,24 +149,11 @@ def _run_packed(device):
     return results
 
 
-def _matches_native_through_cells(fn, native_device, tmp_path, rtol, atol):
-    """fn on flagos against the native device: bitwise on CUDA (its fused
-    cells on both sides); on the host runtime within rtol/atol, where the
-    composite provider's cells sum in another order than CPU's unfused
-    ones. Returns the trace."""
-    native = results_on_native(fn, native_device, tmp_path)
-    with flagos_core.trace() as t:
-        flagos = fn(torch.device("flagos"))
-    assert t.fallbacks == []
-    if native_device.type == "cpu":
-        assert_matches_native(flagos, native, rtol=rtol, atol=atol)
-    else:
-        assert_matches_native(flagos, native)
-    return t
-
-
 def test_packed_sequences_match_the_native_device(native_device, tmp_path):
-    t = _matches_native_through_cells(_run_packed, native_device, tmp_path, rtol=1e-3, atol=1e-4)
+    # Bitwise: cuDNN's RNN on CUDA, CPU's packed layers on the host runtime.
+    with flagos_core.trace() as t:
+        compare_with_native(_run_packed, native_device, tmp_path)
+    assert not any("fused" in name for name, _ in t.counts)
     if native_device.type != "cpu":
         assert t.counts[("_cudnn_rnn", "cuda")] == 2
 
@@ -200,15 +186,17 @@ def test_kernels_only_cuda_has_go_to_the_composite_provider_where_the_runtime_ha
                "batch_norm_elemt", "batch_norm_backward_reduce", "batch_norm_backward_elemt", "histc"):
         assert flagos_core.route(op) == "composite"
         assert flagos_core.route_layer(op) == "default (host has no kernel)"
-    # The cells: packed sequences step through them. nn.LSTM, nn.GRU,
-    # nn.LSTMCell and nn.GRUCell take CPU's decompositions on the host
+    # The cells serve code that calls them. nn.LSTM, nn.GRU, nn.RNN, their
+    # cells and packed sequences take CPU's decompositions on the host
     # runtime (test_host_rnn.py).
     lstm = torch.nn.LSTM(4, 4).to("flagos")
     packed = torch.nn.utils.rnn.pack_padded_sequence(torch.randn(3, 2, 4, device="flagos"), torch.tensor([3, 2]))
+    gates = torch.randn(2, 16, device="flagos")
     with flagos_core.trace() as t:
         lstm(packed)
         torch.nn.LSTMCell(4, 4).to("flagos")(torch.randn(2, 4, device="flagos"))
-    assert t.counts[("_thnn_fused_lstm_cell", "composite")] == 3  # the packed sequence's steps, not the cell's
+        torch.ops.aten._thnn_fused_lstm_cell(gates, gates, torch.randn(2, 4, device="flagos"))
+    assert t.counts[("_thnn_fused_lstm_cell", "composite")] == 1  # the direct call's alone
 
 
 def _histcs(device):

@@ -1,9 +1,8 @@
 """nn.LSTM and nn.GRU on the host runtime take CPU's own decompositions
 (flagos_core/_host_rnn.py): oneDNN's RNN layer per layer and direction for
 a float32 LSTM; otherwise the input gates of all steps at once and an
-unfused cell per step. Outputs and gradients are bitwise equal to CPU's.
-Packed sequences decompose as elsewhere (the fused cells of
-tests/test_composite_kernels.py)."""
+unfused cell per step; packed sequences through CPU's packed layers.
+Outputs and gradients are bitwise equal to CPU's."""
 
 import pytest
 import torch
@@ -86,18 +85,58 @@ def test_other_dtypes_and_projections_equal_cpu_bitwise(layer, kwargs, dtype):
         assert torch.equal(g.cpu(), w), f"result {i}"
 
 
-def test_packed_sequences_decompose_as_elsewhere():
-    # The packed overloads (lstm.data, gru.data) keep PyTorch's decomposition
-    # for flagos: the fused cells, equal to CPU's to rounding.
-    for layer in ("LSTM", "GRU"):
-        cpu, flagos = _pair(layer)
-        x = torch.randn(5, 3, 12)
-        lengths = [5, 3, 2]
-        want = cpu(torch.nn.utils.rnn.pack_padded_sequence(x, lengths))[0].data
-        with flagos_core.trace() as t:
-            got = flagos(torch.nn.utils.rnn.pack_padded_sequence(x.to("flagos"), lengths))[0].data
-        assert any("fused" in name for name, _ in t.counts)
-        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+PACKED_CASES = {
+    "one layer": {},
+    "2 layers, bidirectional": {"num_layers": 2, "bidirectional": True},
+    "3 layers with dropout, without bias": {"num_layers": 3, "dropout": 0.5, "bias": False},
+    "batch first": {"batch_first": True},
+}
+
+
+@pytest.mark.parametrize("case", PACKED_CASES)
+@pytest.mark.parametrize("layer", ["LSTM", "GRU", "RNN"])
+def test_packed_sequences_equal_cpu_bitwise_through_cpus_packed_layers(layer, case):
+    # CPU's packed layers: the input gates of every step at once, then the
+    # unfused cell over each step's batch (shrinking forwards, growing in
+    # reverse); PyTorch's decomposition for other devices runs the fused
+    # cells, which round otherwise.
+    kwargs = PACKED_CASES[case]
+    cpu, flagos = _pair(layer, **kwargs)
+    directions = 2 if cpu.bidirectional else 1
+    x = torch.randn(3, 5, 12) if cpu.batch_first else torch.randn(5, 3, 12)
+    lengths = torch.tensor([5, 3, 2])
+    states = 2 if layer == "LSTM" else 1
+    hx = tuple(torch.randn(cpu.num_layers * directions, 3, 16) for _ in range(states))
+
+    def run(module, device):
+        x_ = x.to(device, copy=True).requires_grad_()
+        hx_ = tuple(h.to(device, copy=True).requires_grad_() for h in hx)
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x_, lengths, batch_first=cpu.batch_first)
+        torch.manual_seed(1)  # dropout's masks
+        y, state = module(packed, hx_ if layer == "LSTM" else hx_[0])
+        state = state if isinstance(state, tuple) else (state,)
+        (y.data.square().sum() + sum(s.sum() for s in state)).backward()
+        return [y.data, *state, x_.grad, *(h.grad for h in hx_)] + [p.grad for p in module.parameters()]
+
+    want = run(cpu, "cpu")
+    with flagos_core.trace() as t:
+        got = run(flagos, "flagos")
+    assert t.fallbacks == []
+    assert not any("fused" in name for name, _ in t.counts)
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(g.cpu(), w), f"result {i}"
+
+
+def test_packed_lstm_with_projections_equals_cpu_bitwise():
+    cpu, flagos = _pair("LSTM", proj_size=5, num_layers=2, bidirectional=True)
+    x = torch.randn(4, 3, 12)
+    lengths = [4, 4, 1]
+    want = cpu(torch.nn.utils.rnn.pack_padded_sequence(x, lengths))
+    got = flagos(torch.nn.utils.rnn.pack_padded_sequence(x.to("flagos"), lengths))
+    assert torch.equal(got[0].data.cpu(), want[0].data)
+    for g, w in zip(got[1], want[1]):
+        assert torch.equal(g.cpu(), w)
 
 
 def test_an_empty_sequence_is_refused_as_on_the_cpu():
@@ -161,3 +200,19 @@ def test_cells_take_cpus_unfused_cell(cell, bias):
     assert not any(op.startswith("_thnn_fused") for (op, _) in t.counts)
     for a, b in zip(got, run(cpu, "cpu")):
         assert torch.equal(a.detach().cpu(), b.detach())
+
+
+def test_double_backward_through_a_bidirectional_batch_first_lstm_equals_cpu():
+    # CPU's oneDNN stack makes the transposed input contiguous once, before
+    # its layers; once per direction put two copies in the graph, and the
+    # second derivative summed otherwise (7e-9 apart).
+    cpu, flagos = _pair("LSTM", bidirectional=True, batch_first=True)
+
+    def run(module, device):
+        torch.manual_seed(2)
+        x = torch.randn(2, 5, 12).to(device).requires_grad_()
+        g, = torch.autograd.grad(module(x)[0].square().sum(), x, create_graph=True)
+        g.sum().backward()
+        return x.grad
+
+    assert torch.equal(run(flagos, "flagos").cpu(), run(cpu, "cpu"))
