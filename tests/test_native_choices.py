@@ -360,3 +360,40 @@ def test_kaiser_window_runs_the_native_devices_kernel(tmp_path):
     # assert on flagos.
     native = results_on_native(_kaiser_windows, native_device(), tmp_path)
     assert_matches_native(_kaiser_windows(torch.device("flagos")), native)
+
+
+def _ldexp_and_conj_physical(device):
+    # Self-contained: on an accelerator it runs in a side process.
+    x = torch.tensor([0.5, 0.0, 3.0, -1.25], device=device)
+    exponents = torch.tensor([128, 200, -150, 3], device=device)
+    z = torch.tensor([1 + 1j, 2 - 3j, -0.5j], device=device)
+    z_inplace = z.clone()
+    z_inplace.conj_physical_()
+    out = torch.empty(4, device=device)
+    return [torch.ldexp(x, exponents), torch.ldexp(x.double(), exponents), torch.ldexp(x, exponents, out=out),
+            x.clone().ldexp_(exponents), z_inplace, torch.conj_physical(z)]
+
+
+def test_ldexp_and_conj_physical_run_the_native_devices_kernels(tmp_path):
+    # Their kernels for every device look a DispatchStub up by device type:
+    # ldexp took x * 2**e on flagos (inf and nan where CPU's and CUDA's give
+    # the value), conj_physical_ raised an internal assert.
+    native = results_on_native(_ldexp_and_conj_physical, native_device(), tmp_path)
+    assert_matches_native(_ldexp_and_conj_physical(torch.device("flagos")), native)
+
+
+def _attention_with_a_learned_mask(device):
+    # Self-contained: on an accelerator it runs in a side process. A mask
+    # that requires grad, called without grad (a reentrant checkpoint's
+    # forward): the choice of kernel reads requires_grad there too.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 3, 8, device=device) for _ in range(3))
+    bias = torch.nn.Parameter(torch.randn(3, 3, device=device))
+    with torch.no_grad():
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    return [out]
+
+
+def test_attention_without_grad_chooses_as_the_native_device_for_a_mask_that_requires_grad(tmp_path):
+    native = results_on_native(_attention_with_a_learned_mask, native_device(), tmp_path)
+    assert_matches_native(_attention_with_a_learned_mask(torch.device("flagos")), native)
