@@ -1,7 +1,5 @@
 """`torch.flagos`: the device module, mirroring `torch.cuda`."""
 
-import contextlib
-
 import torch
 
 from . import _C
@@ -188,37 +186,36 @@ def set_stream(stream):
 
 
 class StreamContext:
-    """torch.cuda.StreamContext's counterpart: `stream(s)` as a class (None
-    changes nothing)."""
+    """torch.cuda.StreamContext's counterpart, which `stream(s)` returns:
+    makes `s` current (and its device, as torch.cuda.stream does) for the
+    block; the caller's device and its stream come back afterwards. None
+    changes nothing."""
 
     def __init__(self, stream):
         self.stream = stream
-        self._context = None
+        self._saved = []  # per entry: (device, [its stream, the stream's device's stream])
 
     def __enter__(self):
-        self._context = stream(self.stream)
-        return self._context.__enter__()
+        s = self.stream
+        if s is None:
+            return None
+        previous_device = _C._current_device()
+        self._saved.append((previous_device, [current_stream(previous_device), current_stream(s.device)]))
+        torch.accelerator.set_stream(s)
+        return s
 
     def __exit__(self, *exc):
-        return self._context.__exit__(*exc)
-
-
-@contextlib.contextmanager
-def stream(s):
-    """Make `s` current (and its device, as torch.cuda.stream does) for the
-    block; the caller's device and its stream come back afterwards."""
-    if s is None:
-        yield
-        return
-    previous_device = _C._current_device()
-    previous_streams = [current_stream(previous_device), current_stream(s.device)]
-    torch.accelerator.set_stream(s)
-    try:
-        yield s
-    finally:
+        if self.stream is None:
+            return
+        previous_device, previous_streams = self._saved.pop()
         for previous in reversed(previous_streams):
             torch.accelerator.set_stream(previous)
         _C._set_device(previous_device)
+
+
+def stream(s):
+    """A StreamContext for `s`, as torch.cuda.stream."""
+    return StreamContext(s)
 
 
 # Random numbers: one default generator per device.
@@ -304,6 +301,42 @@ def empty_cache():
     _C._empty_cache()
 
 
+def memory_stats_as_nested_dict(device=None):
+    """memory_stats as nested dicts, as torch.cuda's: "a.b.c" is [a][b][c]."""
+    nested = {}
+    for key, value in memory_stats(device).items():
+        *path, last = key.split(".")
+        level = nested
+        for part in path:
+            level = level.setdefault(part, {})
+        level[last] = value
+    return nested
+
+
+# torch.cuda's deprecated names, which code written for CUDA still calls.
+def reset_max_memory_allocated(device=None):
+    reset_peak_memory_stats(device)
+
+
+def memory_cached(device=None):
+    return memory_reserved(device)
+
+
+def max_memory_cached(device=None):
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_cached(device=None):
+    reset_peak_memory_stats(device)
+
+
+def ipc_collect():
+    """Frees memory other processes no longer use (torch.cuda.ipc_collect).
+    The host runtime's shared memory is the host's own, freed with its last
+    tensor: nothing to collect. A plugin whose runtime shares memory through
+    its native device replaces this."""
+
+
 def memory_summary(device=None, abbreviated=False):
     """The allocator's statistics for `device` as a printable table."""
     from ._memory_summary import format_summary
@@ -331,3 +364,7 @@ def __getattr__(name):
     if name in _inductor.CODEGEN_NAMES:
         return _inductor.codegen_attribute()
     raise AttributeError(f"module 'torch.flagos' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted(set(globals()) | {"default_generators"})

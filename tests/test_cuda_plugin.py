@@ -79,6 +79,11 @@ def test_cuda_memory_functions_cover_flagos_memory():
             torch.empty(int(total * 0.6), dtype=torch.uint8, device="flagos")
     finally:
         torch.flagos.set_per_process_memory_fraction(1.0)
+    # Every torch.cuda.memory_stats key, the same figures: one pool.
+    torch.flagos.synchronize()
+    assert torch.flagos.memory_stats() == dict(torch.cuda.memory_stats())
+    torch.flagos.ipc_collect()
+    assert torch.flagos.host_memory_stats() == torch.cuda.host_memory_stats()
     del x
 
 

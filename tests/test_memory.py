@@ -133,6 +133,18 @@ def test_memory_stats_keys_and_consistency(clean):
             == stats["allocated_bytes.all.current"])
     assert stats["num_ooms"] == 0
 
+    # torch.cuda.memory_stats()'s keys, every one: the pools add up to "all".
+    for name in ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes",
+                 "active_bytes", "inactive_split_bytes", "requested_bytes"):
+        for figure in ("current", "peak", "allocated", "freed"):
+            small, large = stats[f"{name}.small_pool.{figure}"], stats[f"{name}.large_pool.{figure}"]
+            if figure != "peak":  # the pools peak at different times
+                assert stats[f"{name}.all.{figure}"] == small + large, f"{name}.{figure}"
+    for key in ("oversize_allocations.current", "oversize_segments.peak", "num_sync_all_streams",
+                "num_device_alloc", "num_device_free", "max_split_size"):
+        assert isinstance(stats[key], int), key
+    assert len(stats) == 122
+
     before = stats
     y = torch.empty(1000, device="flagos")
     after = torch.flagos.memory_stats()

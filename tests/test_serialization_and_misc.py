@@ -3,6 +3,7 @@ device properties, and a short training run that must match the native device
 (CPU on the host runtime) bitwise."""
 
 import copy
+import gc
 import io
 import os
 import time
@@ -225,6 +226,50 @@ def test_stream_context_sets_and_restores_current_stream():
     with s:
         assert torch.flagos.current_stream() == s
     assert torch.flagos.current_stream() == default
+
+
+def test_stream_returns_a_stream_context_as_torch_cuda_stream_does():
+    default = torch.flagos.current_stream()
+    s = torch.flagos.Stream()
+    context = torch.flagos.stream(s)
+    assert isinstance(context, torch.flagos.StreamContext)
+    # Entered by hand, as code written for torch.cuda.stream may: the stream
+    # stays current until the context is left, even once nothing holds it.
+    context.__enter__()
+    del context
+    gc.collect()
+    try:
+        assert torch.flagos.current_stream() == s
+    finally:
+        torch.flagos.set_stream(default)
+    # One context entered twice, nested: each exit restores its own entry's.
+    context = torch.flagos.StreamContext(s)
+    with context:
+        with torch.flagos.stream(torch.flagos.Stream()):
+            with context:
+                assert torch.flagos.current_stream() == s
+            assert torch.flagos.current_stream() != s
+        assert torch.flagos.current_stream() == s
+    assert torch.flagos.current_stream() == default
+    with torch.flagos.stream(None) as entered:
+        assert entered is None and torch.flagos.current_stream() == default
+
+
+def test_torch_cuda_memory_names_code_still_calls():
+    x = torch.empty(1 << 20, dtype=torch.uint8, device="flagos")
+    stats = torch.flagos.memory_stats()
+    nested = torch.flagos.memory_stats_as_nested_dict()
+    assert nested["allocated_bytes"]["all"]["current"] == stats["allocated_bytes.all.current"]
+    assert nested["num_ooms"] == stats["num_ooms"]
+    assert torch.flagos.memory_cached() == torch.flagos.memory_reserved()
+    assert torch.flagos.max_memory_cached() == torch.flagos.max_memory_reserved()
+    del x
+    torch.flagos.reset_max_memory_allocated()
+    assert torch.flagos.max_memory_allocated() == torch.flagos.memory_allocated()
+    torch.flagos.reset_max_memory_cached()
+    assert torch.flagos.max_memory_reserved() == torch.flagos.memory_reserved()
+    torch.flagos.ipc_collect()
+    assert "default_generators" in dir(torch.flagos)
 
 
 def test_default_stream_and_cuda_style_helpers():

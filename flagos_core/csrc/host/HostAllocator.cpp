@@ -40,8 +40,12 @@ void updateStat(Stat& stat, int64_t amount) {
   }
 }
 
-void update(c10::CachingDeviceAllocator::StatArray& stats, int64_t amount) {
+// The aggregate and the pool of a block of `size` bytes: small below
+// kLargeThreshold (CUDA's allocator splits its pools at 1 MiB too), so that
+// "all" is the sum of small_pool and large_pool, as in torch.cuda's stats.
+void update(c10::CachingDeviceAllocator::StatArray& stats, int64_t amount, size_t size) {
   updateStat(stats[static_cast<size_t>(StatType::AGGREGATE)], amount);
+  updateStat(stats[static_cast<size_t>(size < kLargeThreshold ? StatType::SMALL_POOL : StatType::LARGE_POOL)], amount);
 }
 
 } // namespace
@@ -81,11 +85,11 @@ struct HostCachingAllocator::Pool {
   }
 
   void releaseLocked(Block* block) {
-    update(stats.allocated_bytes, -static_cast<int64_t>(block->size));
-    update(stats.active_bytes, -static_cast<int64_t>(block->size));
-    update(stats.requested_bytes, -static_cast<int64_t>(block->requested));
-    update(stats.allocation, -1);
-    update(stats.active, -1);
+    update(stats.allocated_bytes, -static_cast<int64_t>(block->size), block->size);
+    update(stats.active_bytes, -static_cast<int64_t>(block->size), block->size);
+    update(stats.requested_bytes, -static_cast<int64_t>(block->requested), block->size);
+    update(stats.allocation, -1, block->size);
+    update(stats.active, -1, block->size);
     freeList(block->size).push_back(block);
     reportToProfiler(block->data, -static_cast<int64_t>(block->size));
   }
@@ -110,8 +114,9 @@ struct HostCachingAllocator::Pool {
     auto release = [&](std::vector<Block*>& blocks) {
       for (Block* block : blocks) {
         by_data.erase(block->data);
-        update(stats.reserved_bytes, -static_cast<int64_t>(block->size));
-        update(stats.segment, -1);
+        update(stats.reserved_bytes, -static_cast<int64_t>(block->size), block->size);
+        update(stats.segment, -1, block->size);
+        ++stats.num_device_free;
         std::free(block); // the header starts the allocation
       }
       blocks.clear();
@@ -196,15 +201,16 @@ c10::DataPtr HostCachingAllocator::allocateOn(size_t nbytes, c10::DeviceIndex in
     }
     block = new (raw) Block{static_cast<char*>(raw) + kHeader, size, 0, &pool};
     pool.by_data.emplace(block->data, block);
-    update(pool.stats.reserved_bytes, static_cast<int64_t>(size));
-    update(pool.stats.segment, 1);
+    update(pool.stats.reserved_bytes, static_cast<int64_t>(size), size);
+    update(pool.stats.segment, 1, size);
+    ++pool.stats.num_device_alloc;
   }
   block->requested = nbytes;
-  update(pool.stats.allocated_bytes, static_cast<int64_t>(size));
-  update(pool.stats.active_bytes, static_cast<int64_t>(size));
-  update(pool.stats.requested_bytes, static_cast<int64_t>(nbytes));
-  update(pool.stats.allocation, 1);
-  update(pool.stats.active, 1);
+  update(pool.stats.allocated_bytes, static_cast<int64_t>(size), size);
+  update(pool.stats.active_bytes, static_cast<int64_t>(size), size);
+  update(pool.stats.requested_bytes, static_cast<int64_t>(nbytes), size);
+  update(pool.stats.allocation, 1, size);
+  update(pool.stats.active, 1, size);
   pool.reportToProfiler(block->data, static_cast<int64_t>(size));
   return c10::DataPtr(block->data, block->data, &freeBlock, label);
 }
@@ -239,6 +245,11 @@ void HostCachingAllocator::resetAccumulatedStats(c10::DeviceIndex index) {
   for (auto* a : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
     reset(*a);
   }
+  // The counters too, as CUDA's allocator resets them.
+  s.num_alloc_retries = 0;
+  s.num_ooms = 0;
+  s.num_device_alloc = 0;
+  s.num_device_free = 0;
 }
 
 void HostCachingAllocator::resetPeakStats(c10::DeviceIndex index) {

@@ -22,28 +22,43 @@ void registerCpuFallbackProvider();
 
 namespace {
 
+// The allocator's statistics under torch.cuda.memory_stats()'s keys (all of
+// them, so code written for CUDA reads them unchanged): each count and size
+// as "<name>.<all|small_pool|large_pool>.<current|peak|allocated|freed>".
 py::dict statsDict(c10::DeviceIndex index) {
   using c10::CachingDeviceAllocator::StatType;
   DeviceRuntime& rt = activeRuntime();
   rt.checkIndex(index);
   const auto stats = rt.allocator()->getDeviceStats(index);
   py::dict out;
+  auto addStat = [&](const std::string& prefix, const c10::CachingDeviceAllocator::Stat& s) {
+    out[py::str(prefix + ".current")] = s.current;
+    out[py::str(prefix + ".peak")] = s.peak;
+    out[py::str(prefix + ".allocated")] = s.allocated;
+    out[py::str(prefix + ".freed")] = s.freed;
+  };
   auto add = [&](const std::string& name, const c10::CachingDeviceAllocator::StatArray& array) {
-    const auto& s = array[static_cast<size_t>(StatType::AGGREGATE)];
-    out[py::str(name + ".all.current")] = s.current;
-    out[py::str(name + ".all.peak")] = s.peak;
-    out[py::str(name + ".all.allocated")] = s.allocated;
-    out[py::str(name + ".all.freed")] = s.freed;
+    addStat(name + ".all", array[static_cast<size_t>(StatType::AGGREGATE)]);
+    addStat(name + ".small_pool", array[static_cast<size_t>(StatType::SMALL_POOL)]);
+    addStat(name + ".large_pool", array[static_cast<size_t>(StatType::LARGE_POOL)]);
   };
   add("allocation", stats.allocation);
   add("segment", stats.segment);
   add("active", stats.active);
+  add("inactive_split", stats.inactive_split);
   add("allocated_bytes", stats.allocated_bytes);
   add("reserved_bytes", stats.reserved_bytes);
   add("active_bytes", stats.active_bytes);
+  add("inactive_split_bytes", stats.inactive_split_bytes);
   add("requested_bytes", stats.requested_bytes);
+  addStat("oversize_allocations", stats.oversize_allocations);
+  addStat("oversize_segments", stats.oversize_segments);
   out["num_alloc_retries"] = stats.num_alloc_retries;
   out["num_ooms"] = stats.num_ooms;
+  out["num_sync_all_streams"] = stats.num_sync_all_streams;
+  out["num_device_alloc"] = stats.num_device_alloc;
+  out["num_device_free"] = stats.num_device_free;
+  out["max_split_size"] = stats.max_split_size;
   return out;
 }
 

@@ -21,6 +21,8 @@ def install(module):
 
     module.memory_summary = memory_summary
     module.memory_snapshot = memory_snapshot
+    module.ipc_collect = torch.cuda.ipc_collect
+    module.host_memory_stats = torch.cuda.host_memory_stats
     module.set_per_process_memory_fraction = set_per_process_memory_fraction
     if hasattr(torch.cuda, "get_per_process_memory_fraction"):
         module.get_per_process_memory_fraction = lambda device=None: torch.cuda.get_per_process_memory_fraction(
