@@ -99,6 +99,17 @@ def test_computing_on_a_compressed_sparse_tensor_raises_a_clear_error(op):
         COMPUTING_OPS[op](cpu.to(DEVICE))
 
 
+def test_a_cpu_sparse_tensor_beside_a_flagos_tensor_is_refused_for_its_device():
+    # The flagos tensor picks the backend, so the call reaches flagos's
+    # sparse kernel: the error names the devices, which are what is wrong.
+    cpu = _sparse_dense(3, 3).to_sparse()
+    dense = torch.ones(3, 3, device=DEVICE)
+    for call in (lambda: cpu + dense, lambda: torch.sparse.mm(cpu, dense)):
+        with pytest.raises(RuntimeError, match=r"sparse tensor on cpu and a tensor on a flagos device: a call's "
+                                               r"tensors must be on one device"):
+            call()
+
+
 def test_a_kernel_with_a_sparse_result_raises_a_clear_error():
     assert torch.eye(2).to_sparse().is_sparse  # the CPU makes one
     with pytest.raises(RuntimeError, match=r"aten::_to_sparse returned a Sparse tensor, and flagos holds strided"):

@@ -23,19 +23,70 @@
 #include <ATen/ops/sparse_dim_native.h>
 #include <ATen/ops/values_native.h>
 #include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <optional>
 #include <torch/library.h>
 
 namespace flagos {
 namespace {
 
-void sparseKernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) {
+// The device of the first tensor argument for which `test` holds, if any.
+template <class Test>
+std::optional<c10::Device> deviceWhere(const c10::OperatorHandle& op, const torch::jit::Stack& stack, Test test) {
+  const size_t count = op.schema().arguments().size();
+  for (size_t i = stack.size() - std::min(count, stack.size()); i < stack.size(); ++i) {
+    const c10::IValue& value = stack[i];
+    if (value.isTensor() && value.toTensor().defined() && test(value.toTensor())) {
+      return value.toTensor().device();
+    }
+    if (value.isTensorList()) {
+      for (const at::Tensor& t : value.toTensorList().vec()) {
+        if (t.defined() && test(t)) {
+          return t.device();
+        }
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// A sparse or quantized tensor of another device beside a flagos tensor
+// reaches these kernels too (the flagos tensor picks the backend): then the
+// devices are what is wrong, not flagos's layouts.
+void refuseOtherDevice(const c10::OperatorHandle& op, const torch::jit::Stack& stack, const char* kind,
+                       const char* remedy, bool (*is_kind)(const at::Tensor&)) {
+  const auto on_flagos = deviceWhere(op, stack, [&](const at::Tensor& t) {
+    return is_kind(t) && t.device().type() == c10::DeviceType::PrivateUse1;
+  });
+  const auto elsewhere = deviceWhere(op, stack, is_kind);
+  const auto flagos = deviceWhere(op, stack, [](const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; });
+  if (!on_flagos.has_value() && elsewhere.has_value() && flagos.has_value()) { // not a move to flagos (.to)
+    TORCH_CHECK(
+        false, "flagos: ", op.operator_name(), " was called with a ", kind, " tensor on ", elsewhere->str(),
+        " and a tensor on a flagos device: a call's tensors must be on one device. Move the flagos tensors to ",
+        elsewhere->str(), ", or ", remedy, " and move the result to flagos.");
+  }
+}
+
+bool isSparse(const at::Tensor& t) {
+  return t.layout() != c10::kStrided;
+}
+
+bool isQuantized(const at::Tensor& t) {
+  return t.is_quantized();
+}
+
+void sparseKernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  refuseOtherDevice(op, *stack, "sparse", "make the sparse tensor dense first (.to_dense())", &isSparse);
   TORCH_CHECK_NOT_IMPLEMENTED(
       false, "flagos: ", op.operator_name(),
       " was called with a sparse tensor on a flagos device, and flagos holds strided (dense) tensors only. Keep "
       "sparse tensors on the CPU, or make them dense first (.to_dense()) and move the dense tensor to flagos.");
 }
 
-void quantizedKernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) {
+void quantizedKernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  refuseOtherDevice(op, *stack, "quantized", "dequantize it first (.dequantize())", &isQuantized);
   TORCH_CHECK_NOT_IMPLEMENTED(
       false, "flagos: ", op.operator_name(),
       " was called with a quantized tensor on a flagos device, and flagos holds unquantized tensors only. Keep "
