@@ -5,6 +5,7 @@
 #include <flagos/Relabel.h>
 #include <flagos/Router.h>
 
+#include "core/RelabelCall.h"
 #include "core/RouterInternal.h"
 
 #include <ATen/ATen.h>
@@ -38,7 +39,7 @@ class CpuFallbackProvider final : public KernelProvider {
     return op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU) && detail::cpuFallbackRefusal(op).empty();
   }
 
-  void call(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack, const OpSlotInfo&) override {
+  void call(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack, const OpSlotInfo& info) override {
     // The router's last resort: an overload no provider serves ends here.
     // Say so, rather than let PyTorch report a missing CPU kernel for tensors
     // the caller made on flagos.
@@ -55,13 +56,24 @@ class CpuFallbackProvider final : public KernelProvider {
     const auto& args = op.schema().arguments();
     const size_t first = stack->size() - args.size();
     std::optional<c10::Device> device;
+    std::optional<std::pair<c10::Device, size_t>> foreign; // as the host provider's calls: one device per call
     std::vector<std::pair<at::Tensor, at::Tensor>> written; // (host copy, flagos original)
 
-    auto toHost = [&](const at::Tensor& t, const c10::Argument& arg) -> at::Tensor {
-      if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) {
+    auto toHost = [&](const at::Tensor& t, size_t i, bool in_list) -> at::Tensor {
+      if (!t.defined()) {
         return t;
       }
+      if (t.device().type() != c10::DeviceType::PrivateUse1) {
+        if (!foreign && !detail::foreignTensorAllowed(op, i, t, in_list, info.exact_device)) {
+          foreign.emplace(t.device(), i);
+        }
+        return t;
+      }
+      if (device && *device != t.device()) {
+        detail::mixedDevices(*device, t.device(), op, i);
+      }
       device = device ? device : t.device();
+      const c10::Argument& arg = args[i];
       at::Tensor host = t.to(c10::Device(c10::DeviceType::CPU));
       if (arg.alias_info() && arg.alias_info()->isWrite()) {
         written.emplace_back(host, t);
@@ -72,17 +84,17 @@ class CpuFallbackProvider final : public KernelProvider {
     for (size_t i = 0; i < args.size(); ++i) {
       c10::IValue& v = (*stack)[first + i];
       if (v.isTensor()) {
-        v = toHost(v.toTensor(), args[i]);
+        v = toHost(v.toTensor(), i, false);
       } else if (v.isTensorList()) {
         c10::List<at::Tensor> host;
         for (const at::Tensor& t : v.toTensorList()) {
-          host.push_back(toHost(t, args[i]));
+          host.push_back(toHost(t, i, true));
         }
         v = std::move(host);
       } else if (v.isOptionalTensorList()) {
         c10::List<std::optional<at::Tensor>> host;
         for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
-          host.push_back(t ? std::optional<at::Tensor>(toHost(*t, args[i])) : std::nullopt);
+          host.push_back(t ? std::optional<at::Tensor>(toHost(*t, i, true)) : std::nullopt);
         }
         v = std::move(host);
       } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
@@ -91,6 +103,9 @@ class CpuFallbackProvider final : public KernelProvider {
       } else if (v.isGenerator() && activeRuntime().nativeDeviceType() == c10::DeviceType::CPU) {
         v = activeRuntime().nativeGenerator(v.toGenerator());
       }
+    }
+    if (foreign && device) {
+      detail::mixedDevices(*device, foreign->first, op, foreign->second);
     }
     const c10::Device target = device ? *device : c10::Device(c10::DeviceType::PrivateUse1, activeRuntime().getDevice().index());
 

@@ -49,6 +49,14 @@ C10_NOINLINE static bool writesArgument(const c10::OperatorHandle& op, size_t ar
   return alias != nullptr && alias->isWrite();
 }
 
+bool foreignTensorAllowed(const c10::OperatorHandle& op, size_t arg, const at::Tensor& t, bool in_list, bool exact_device) {
+  const c10::Device d = t.device();
+  // A CPU scalar may be read, as native kernels read one; never written:
+  // the kernel would write the CPU tensor (native ones refuse it).
+  const bool scalar = t.dim() == 0 && d.is_cpu() && !writesArgument(op, arg);
+  return scalar || (in_list && !exact_device) || onCpuByDesign(op, arg, d);
+}
+
 void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg) {
   mixedDevices(a, b, op.schema().arguments().at(arg).name(), c10::toString(op.operator_name()));
 }
@@ -89,10 +97,7 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, size_t arg, 
   const c10::Device d = t.device();
   if (d.type() != c10::DeviceType::PrivateUse1) {
     foreign_storages.push_back(t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr);
-    // A CPU scalar may be read, as native kernels read one; never written:
-    // the kernel would write the CPU tensor (native ones refuse it).
-    const bool scalar = t.dim() == 0 && d.is_cpu() && !writesArgument(op, arg);
-    if (!scalar && (!in_list || info.exact_device) && !foreign && !onCpuByDesign(op, arg, d)) {
+    if (!foreign && !foreignTensorAllowed(op, arg, t, in_list, info.exact_device)) {
       foreign.emplace(d, arg);
     }
     return c10::MaybeOwned<at::Tensor>::borrowed(t);

@@ -84,6 +84,12 @@ inline void writeBack(const Alias& a, c10::DeviceIndex index, c10::ArrayRef<cons
 [[noreturn]] void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg);
 [[noreturn]] void mixedDevices(const c10::Device& a, const c10::Device& b, const std::string& argument, const std::string& op);
 
+// Whether a non-flagos tensor in argument `arg` of a call on a flagos device
+// is allowed there, as natively it is: a CPU scalar that is read, a tensor
+// in a list of an op that does not demand one device, or an argument that
+// is a CPU tensor by design. `exact_device`: the op's device_check.
+bool foreignTensorAllowed(const c10::OperatorHandle& op, size_t arg, const at::Tensor& t, bool in_list, bool exact_device);
+
 struct CallState {
   const c10::OperatorHandle& op;
   const OpSlotInfo& info;
