@@ -81,6 +81,16 @@ class device:
         self.index = None if device is None or _no_device(device) else _index(device)
         self.previous = None
 
+    # torch.cuda.device's attribute names, which code written for it reads:
+    # the index (-1 for none) and the one current before the block.
+    @property
+    def idx(self):
+        return -1 if self.index is None else self.index
+
+    @property
+    def prev_idx(self):
+        return -1 if self.previous is None else self.previous
+
     def __enter__(self):
         if self.index is not None:
             self.previous = _C._current_device()

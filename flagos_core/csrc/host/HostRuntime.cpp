@@ -193,8 +193,14 @@ class HostRuntime final : public DeviceRuntime {
   void synchronizeDevice(const c10::DeviceIndex) const override {}
 
   // Events record when the work before them finished (now, on host).
-  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex, const c10::EventFlag) const override {
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index, const c10::EventFlag)
+      const override {
     TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1, "flagos: event recorded on a non-flagos stream");
+    // As CUDA's: an event keeps the device it was first recorded on.
+    TORCH_CHECK(
+        device_index == -1 || device_index == stream.device_index(), "Event device index ",
+        static_cast<int>(device_index), " does not match recording stream's device index ",
+        static_cast<int>(stream.device_index()), ".");
     if (*event == nullptr) {
       *event = new HostEvent();
     }
