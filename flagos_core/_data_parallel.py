@@ -14,6 +14,8 @@ they exist and stay torch's (DataParallel then runs on CUDA devices).
 """
 
 import contextlib
+import functools
+import importlib
 
 import torch
 
@@ -35,6 +37,40 @@ def install():
         return
     for name, ours in FUNCTIONS.items():
         setattr(torch._C, name, globals()[ours])
+    # DataParallel calls parallel_apply by the name it imported; the package
+    # exports the function under its module's name.
+    module = importlib.import_module("torch.nn.parallel.parallel_apply")
+    carried = _carrying_autocast(module.parallel_apply)
+    for namespace in (module, importlib.import_module("torch.nn.parallel.data_parallel"), torch.nn.parallel):
+        namespace.parallel_apply = carried
+
+
+class _UnderAutocast:
+    """A replica called under the caller's flagos autocast."""
+
+    def __init__(self, module, dtype, cache_enabled):
+        self.module, self.dtype, self.cache_enabled = module, dtype, cache_enabled
+
+    def __call__(self, *args, **kwargs):
+        with torch.autocast(BACKEND, dtype=self.dtype, cache_enabled=self.cache_enabled):
+            return self.module(*args, **kwargs)
+
+
+def _carrying_autocast(parallel_apply):
+    # torch's parallel_apply runs each replica under
+    # autocast(<accelerator>, enabled=torch.is_autocast_enabled()), and that
+    # flag is CUDA's: for flagos's devices the replicas ran without the
+    # caller's autocast (float32 where CUDA's DataParallel gives bfloat16).
+    # Here each replica enters the caller's flagos autocast, with its dtype
+    # (a thread's own default would be float16), inside torch's.
+    @functools.wraps(parallel_apply)
+    def carrying(modules, inputs, kwargs_tup=None, devices=None):
+        if torch.is_autocast_enabled(BACKEND):
+            dtype, cache = torch.get_autocast_dtype(BACKEND), torch.is_autocast_cache_enabled()
+            modules = [_UnderAutocast(m, dtype, cache) for m in modules]
+        return parallel_apply(modules, inputs, kwargs_tup, devices)
+
+    return carrying
 
 
 def _device(index):
