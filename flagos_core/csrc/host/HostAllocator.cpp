@@ -86,10 +86,8 @@ struct HostCachingAllocator::Pool {
 
   void releaseLocked(Block* block) {
     update(stats.allocated_bytes, -static_cast<int64_t>(block->size), block->size);
-    update(stats.active_bytes, -static_cast<int64_t>(block->size), block->size);
     update(stats.requested_bytes, -static_cast<int64_t>(block->requested), block->size);
     update(stats.allocation, -1, block->size);
-    update(stats.active, -1, block->size);
     freeList(block->size).push_back(block);
     reportToProfiler(block->data, -static_cast<int64_t>(block->size));
   }
@@ -207,10 +205,8 @@ c10::DataPtr HostCachingAllocator::allocateOn(size_t nbytes, c10::DeviceIndex in
   }
   block->requested = nbytes;
   update(pool.stats.allocated_bytes, static_cast<int64_t>(size), size);
-  update(pool.stats.active_bytes, static_cast<int64_t>(size), size);
   update(pool.stats.requested_bytes, static_cast<int64_t>(nbytes), size);
   update(pool.stats.allocation, 1, size);
-  update(pool.stats.active, 1, size);
   pool.reportToProfiler(block->data, static_cast<int64_t>(size));
   return c10::DataPtr(block->data, block->data, &freeBlock, label);
 }
@@ -229,7 +225,12 @@ void HostCachingAllocator::emptyCache(c10::MempoolId_t /*pool*/) {
 DeviceStats HostCachingAllocator::getDeviceStats(c10::DeviceIndex index) {
   TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < pools_.size(), "flagos: no host device ", static_cast<int>(index));
   std::lock_guard<std::mutex> lock(pools_[index]->mutex);
-  return pools_[index]->stats;
+  DeviceStats stats = pools_[index]->stats;
+  // A block is active exactly while it is allocated (no split blocks, no
+  // frees deferred to a stream), so those figures are not kept twice.
+  stats.active = stats.allocation;
+  stats.active_bytes = stats.allocated_bytes;
+  return stats;
 }
 
 void HostCachingAllocator::resetAccumulatedStats(c10::DeviceIndex index) {
