@@ -260,6 +260,11 @@ def check_streams_and_events_per_device():
         x = torch.ones(4, device="flagos:1") * 2
     assert torch.equal(x.cpu(), torch.full((4,), 2.0))
     assert torch.flagos.current_stream(1) != s1
+    # An event keeps the device it was first recorded on, as CUDA's does.
+    e = torch.Event(device="flagos:1")
+    e.record(s1)
+    message = _raises(RuntimeError, lambda: e.record(torch.flagos.current_stream(0)))
+    assert "Event device index 1 does not match recording stream's device index 0" in message
 
 
 def check_stream_context_on_other_device_restores_current_device():
@@ -368,6 +373,37 @@ def check_data_parallel_splits_the_batch_over_both_devices():
     assert "(2, 3)" in message and "(3,)" in message
 
 
+def check_data_parallel_runs_its_replicas_under_the_callers_autocast():
+    # torch's parallel_apply passes CUDA's autocast flag to its threads: the
+    # replicas on flagos devices ran in float32 under autocast("flagos").
+    model = torch.nn.Linear(4, 4).to("flagos")
+    x = torch.randn(4, 4, device="flagos")
+    dp = torch.nn.DataParallel(model, device_ids=[0, 1])
+    with torch.autocast("flagos", dtype=torch.bfloat16):
+        want = model(x)
+        got = dp(x)
+    assert got.dtype == want.dtype == torch.bfloat16
+    assert torch.equal(got.cpu(), want.cpu())  # each half, as the whole batch's rows
+    assert dp(x).dtype == torch.float32  # and without autocast, none
+
+
+def check_cpu_fallback_refuses_mixed_devices_as_the_host_provider_does():
+    # cpu_fallback copies arguments to the CPU: it took tensors of two
+    # devices (and non-scalar CPU tensors) and gave the first one's device.
+    import flagos_core
+
+    a, b = torch.ones(2, device="flagos:0"), torch.full((2,), 3.0, device="flagos:1")
+    flagos_core.set_route("mul.Tensor", "cpu_fallback")
+    try:
+        for call, devices in ((lambda: a * b, "flagos:0 and flagos:1"), (lambda: b * torch.ones(2), "flagos:1 and cpu")):
+            message = _raises(RuntimeError, call)
+            assert f"Expected all tensors to be on the same device, but found at least two devices, {devices}" in message
+        assert torch.equal((b * torch.tensor(2.0)).cpu(), torch.full((2,), 6.0))  # a CPU scalar is read
+        assert (b * 2).device == torch.device("flagos", 1)
+    finally:
+        flagos_core.clear_route("mul.Tensor")
+
+
 def check_convolution_refuses_another_devices_weight():
     # The forward took a CPU or flagos:1 weight as flagos:0's (only its
     # backward went through the router's device check).
@@ -393,6 +429,11 @@ def check_device_contexts_as_torch_cuda():
     with torch.flagos.device_of(torch.ones(1, device="flagos:1")):
         assert torch.flagos.current_device() == 1
     assert torch.flagos.current_device() == 0
+    # torch.cuda.device's attributes.
+    context = torch.flagos.device(1)
+    assert context.idx == 1 and torch.flagos.device(-1).idx == -1 and torch.flagos.device_of(torch.ones(1)).idx == -1
+    with context:
+        assert context.prev_idx == 0
     s = torch.flagos.Stream(1)
     with torch.flagos.StreamContext(s):
         assert torch.flagos.current_stream(1) == s and torch.flagos.current_device() == 1
