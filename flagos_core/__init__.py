@@ -60,7 +60,7 @@ def _setup():
     _device_module.amp = _amp  # torch.flagos.amp, as torch.cuda.amp
     _sys.modules[f"torch.{_BACKEND}.amp"] = _amp
     _legacy_types.install(_device_module)  # torch.flagos.FloatTensor, ..., as torch.cuda's
-    _PLUGINS.manager.hook.flagos_extend_device_module(module=_device_module, runtime=_C._runtime_name())
+    _PLUGINS.extend_device_module(_device_module, _C._runtime_name())
     _torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
     _let_autograd_threads_finish_at_exit()
     _native_backward.install()  # a clear error where PyTorch's engine cannot run a native backward

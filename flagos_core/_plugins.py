@@ -39,7 +39,7 @@ class PluginError(RuntimeError):
 def build_mismatch(info: hookspecs.PluginInfo) -> str:
     """Why a plugin's compiled code cannot be loaded into this core, or ''."""
     problems = []
-    if info.abi_version is not None and not isinstance(info.abi_version, int):
+    if info.abi_version is not None and (not isinstance(info.abi_version, int) or isinstance(info.abi_version, bool)):
         return (f"{info.name} {info.version}: PluginInfo.abi_version must be an int (or None), got "
                 f"{type(info.abi_version).__name__} {info.abi_version!r}")
     if info.abi_version is not None and info.abi_version != _C.PLUGIN_ABI_VERSION:
@@ -72,6 +72,10 @@ class Plugins:
             self.statuses.append(PluginStatus(entry_name, "?", False, "it defines no flagos_plugin_info hook"))
             return
         info = info_impl()
+        if not isinstance(info, hookspecs.PluginInfo):
+            self.statuses.append(PluginStatus(entry_name, "?", False, f"its flagos_plugin_info hook returned "
+                                              f"{type(info).__name__}; expected a flagos_core.hookspecs.PluginInfo"))
+            return
         reason = build_mismatch(info)
         if not reason and self.manager.has_plugin(info.name):
             reason = f"another loaded plugin is named {info.name} (PluginInfo.name must be unique)"
@@ -96,22 +100,55 @@ class Plugins:
             try:
                 module = entry.load()
                 self._register(module, entry.name)
-            except Exception as error:  # a broken plugin must not break torch
+            except (Exception, SystemExit) as error:  # a broken plugin must not break (or end) torch's import
                 self.statuses.append(PluginStatus(entry.name, _dist_version(entry), False,
                                                   f"loading it failed: {type(error).__name__}: {error}"))
 
-    def _impls(self, hook_name):
-        """(plugin module, hook result) for each registered plugin."""
+    def _impls(self, hook_name, **kwargs):
+        """(plugin module, hook result) for each registered plugin. A hook
+        that raises is its plugin's problem (a warning, and in plugins()),
+        and its result is left out: a vendor's mistake must not stop
+        `import torch`."""
         hook = getattr(self.manager.hook, hook_name)
         for impl in hook.get_hookimpls():
-            yield impl.plugin, impl.function()
+            try:
+                result = impl.function(**kwargs)
+            except Exception as error:
+                self._problem(impl.plugin, f"its {hook_name} hook", error)
+                continue
+            yield impl.plugin, result
+
+    def _listed(self, hook_name, kinds, what):
+        """(plugin module, item) for each item of each plugin's list from
+        `hook_name`; a result that is not a list, or an item not of `kinds`,
+        is left out as that plugin's problem."""
+        for plugin, result in self._impls(hook_name):
+            if result is None:
+                continue
+            if not isinstance(result, (list, tuple)):
+                self._problem(plugin, f"its {hook_name} hook",
+                              TypeError(f"it returned {type(result).__name__}; expected a list, each item {what}"))
+                continue
+            for item in result:
+                if isinstance(item, kinds):
+                    yield plugin, item
+                else:
+                    self._problem(plugin, f"its {hook_name} hook",
+                                  TypeError(f"its list holds a {type(item).__name__}; each item must be {what}"))
 
     def runtimes(self):
-        found = []
-        for plugin, specs in self._impls("flagos_runtimes"):
-            for spec in specs or []:
-                found.append((plugin, spec))
-        return found
+        return list(self._listed("flagos_runtimes", hookspecs.RuntimeSpec, "a flagos_core.hookspecs.RuntimeSpec"))
+
+    def _available(self, plugin, spec):
+        try:
+            return bool(spec.is_available())
+        except Exception as error:
+            self._problem(plugin, f"the {spec.name} runtime's is_available()", error)
+            return False
+
+    def extend_device_module(self, module, runtime):
+        for _ in self._impls("flagos_extend_device_module", module=module, runtime=runtime):
+            pass
 
     def choose_runtime(self):
         """The runtimes to try, best first: the one FLAGOS_RUNTIME names, or
@@ -124,10 +161,10 @@ class Plugins:
                 valid = ", ".join(sorted(s.name for _, s in candidates))
                 raise PluginError(f"{RUNTIME_ENV}={wanted}: no loaded plugin provides that runtime; valid: {valid}")
             plugin, spec = named[0]
-            if not spec.is_available():
+            if not self._available(plugin, spec):
                 raise PluginError(f"{RUNTIME_ENV}={wanted}: the {wanted} runtime's hardware is not available here")
             return [(plugin, spec)]
-        available = [(p, s) for p, s in candidates if s.is_available()]
+        available = [(p, s) for p, s in candidates if self._available(p, s)]
         return sorted(available, key=lambda ps: -ps[1].priority)
 
     def _problem(self, plugin, what, error):
@@ -160,12 +197,12 @@ class Plugins:
         else:
             if failures:  # none left to fall back on: say why, not later that none is active
                 raise PluginError("flagos: no device runtime could be activated; " + "; ".join(failures))
-        for plugin, providers in self._impls("flagos_providers"):
-            for provider in providers or []:
-                try:
-                    provider.register()
-                except Exception as error:
-                    self._problem(plugin, f"registering the {provider.name} provider", error)
+        for plugin, provider in self._listed("flagos_providers", hookspecs.ProviderSpec,
+                                             "a flagos_core.hookspecs.ProviderSpec"):
+            try:
+                provider.register()
+            except Exception as error:
+                self._problem(plugin, f"registering the {provider.name} provider", error)
 
     def refuse_conf(self, plugin_name, error):
         """A loaded plugin's routing conf that cannot be applied: left out,
@@ -178,11 +215,11 @@ class Plugins:
     def confs(self):
         """(plugin name, path) of every conf shipped by a loaded plugin."""
         out = []
-        for plugin, paths in self._impls("flagos_confs"):
+        for plugin, path in self._listed("flagos_confs", (str, os.PathLike), "a path (str or os.PathLike)"):
             status = self.owner[plugin]
-            if any(p.startswith("registering") for p in status.problems):
+            if any(p.startswith(("registering", "its flagos_providers")) for p in status.problems):
                 continue  # its routes may name the provider that is missing
-            out += [(status.name, path) for path in paths or []]
+            out.append((status.name, os.fspath(path)))
         return out
 
 

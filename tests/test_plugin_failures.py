@@ -140,3 +140,59 @@ def test_a_plugins_conf_that_cannot_be_applied_is_left_out(tmp_path):
         lambda plugin, error: refused.append((plugin, str(error))))
     assert usable == [("flagos-good", str(good))]
     assert refused and refused[0][0] == "flagos-bad" and "no_such_provider" in refused[0][1]
+
+
+def _raise(message):
+    def hook(*args, **kwargs):
+        raise RuntimeError(message)
+    return hook
+
+
+@pytest.mark.parametrize("hook,implementation,problem", [
+    ("flagos_runtimes", _raise("runtimes boom"), "its flagos_runtimes hook failed: RuntimeError: runtimes boom"),
+    ("flagos_runtimes", lambda: [RuntimeSpec("vend", 1000, is_available=_raise("probe boom"), activate=lambda: None)],
+     "the vend runtime's is_available() failed: RuntimeError: probe boom"),
+    ("flagos_providers", _raise("providers boom"), "its flagos_providers hook failed: RuntimeError: providers boom"),
+    ("flagos_providers", lambda: ProviderSpec("p", register=lambda: None),
+     "returned ProviderSpec; expected a list, each item a flagos_core.hookspecs.ProviderSpec"),
+    ("flagos_confs", _raise("confs boom"), "its flagos_confs hook failed: RuntimeError: confs boom"),
+    ("flagos_confs", lambda: ["a.yaml", None], "its list holds a NoneType; each item must be a path"),
+], ids=["runtimes raises", "is_available raises", "providers raises", "providers not a list", "confs raises",
+        "confs holds None"])
+def test_a_hook_that_raises_or_returns_the_wrong_type_is_the_plugins_problem(monkeypatch, hook, implementation,
+                                                                              problem):
+    # Each was torch's failure: `import torch` raised "Failed to load the
+    # backend extension". The plugin's result is left out, with a warning,
+    # and listed in plugins().
+    monkeypatch.delenv("FLAGOS_RUNTIME", raising=False)
+    if flagos_core.runtime()["name"] != "host":
+        pytest.skip("checks against the host runtime's set-up")
+    p = _plugins.Plugins()
+    p._register(_plugin("flagos-faulty", **{hook: hookimpl(implementation)}), "faulty")
+    with pytest.warns(RuntimeWarning, match="plugin flagos-faulty 0.1: "):
+        p.activate()
+        confs = p.confs()
+    faulty = next(s for s in p.statuses if s.name == "flagos-faulty")
+    assert any(problem in message for message in faulty.problems), faulty.problems
+    # What is left is what is good: no None path, no conf of a plugin whose provider is missing.
+    assert [path for name, path in confs if name == "flagos-faulty"] == (["a.yaml"] if hook == "flagos_confs" and
+                                                                        "None" in problem else [])
+
+
+def test_an_extend_hook_that_raises_is_the_plugins_problem():
+    p = _plugins.Plugins()
+    p._register(_plugin("flagos-extends", flagos_extend_device_module=hookimpl(_raise("extend boom"))), "extends")
+    with pytest.warns(RuntimeWarning, match="its flagos_extend_device_module hook failed: RuntimeError: extend boom"):
+        p.extend_device_module(types.ModuleType("m"), "host")
+
+
+@pytest.mark.parametrize("info,reason", [
+    (lambda: None, "its flagos_plugin_info hook returned NoneType; expected a flagos_core.hookspecs.PluginInfo"),
+    (lambda: PluginInfo("flagos-bool", "0.1", abi_version=True), "abi_version must be an int (or None), got bool"),
+])
+def test_a_bad_plugin_info_is_refused_naming_the_mistake(info, reason):
+    p = _plugins.Plugins()
+    module = types.ModuleType("flagos_bad_info")
+    module.flagos_plugin_info = hookimpl(info)
+    p._register(module, "bad-info")
+    assert not p.statuses[-1].loaded and reason in p.statuses[-1].reason
