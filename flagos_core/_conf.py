@@ -78,13 +78,13 @@ def read_file(path, kind="conf", origin=None, _stack=()):
         chain = " -> ".join(_stack[_stack.index(real):] + (real,))
         raise ConfError(f"{origin}: include cycle: {chain}")
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a byte-order mark (Windows editors) is not text
             text = f.read()
     except OSError as e:
         raise ConfError(f"{origin or path}: cannot read {path}: {e.strerror}") from None
     except UnicodeDecodeError as e:
         raise ConfError(f"{origin or path}: {path} is not UTF-8 text (byte {e.start} cannot be read)") from None
-    parse = _parse_dotconf if path.endswith(".conf") else _parse_yaml
+    parse = _parse_dotconf if path.lower().endswith(".conf") else _parse_yaml
     includes, conf = parse(text, path, kind)
     confs = []
     for target, line in includes:
@@ -136,8 +136,12 @@ def _parse_yaml(text, path, kind):
     if _is_null(root):
         return includes, conf
     _expect(root, yaml.MappingNode, "a mapping with keys include, default, routes", path)
+    seen = {}
     for key, value in root.value:
         name = _scalar(key, "a key", path)
+        if name in seen:  # YAML forbids it; a parser would keep the last and drop the first silently
+            raise ConfError(f"{path}:{_line(key)}: key {name!r} given twice (first at line {seen[name]})")
+        seen[name] = _line(key)
         if name == "include":
             nodes = value.value if isinstance(value, yaml.SequenceNode) else [] if _is_null(value) else [value]
             includes += [(_scalar(node, "an include path", path), _line(node)) for node in nodes]
@@ -377,12 +381,23 @@ def load_conf(path):
 
 
 def _apply(routes):
+    """Set every route, or none: a route the router refuses (checks only it
+    makes: a composite overload, say) puts back the ones set before it, so a
+    bad conf raises before any route changes."""
+    done = []  # (overload, its provider and layer before)
     for name, rule in routes.items():
         try:
+            before = (_C._route(name), _C._route_layer(name))
             _C._set_route(name, rule.provider, rule.layer)
         except RuntimeError as e:
+            for undone, (provider, layer) in reversed(done):
+                if layer.startswith("default"):
+                    _C._clear_route(undone)
+                else:
+                    _C._set_route(undone, provider, layer)
             message = str(e).splitlines()[0].removeprefix("flagos: ")
             raise ConfError(f"{rule.where}: {message}") from None
+        done.append((name, before))
 
 
 def usable_plugin_confs(plugin_confs, refuse):

@@ -182,6 +182,29 @@ def test_an_overload_routed_twice_in_one_file_is_an_error(tmp_path):
     assert message == f"{path}:3: aten::add.Tensor is routed twice (first at line 2)"
 
 
+def test_a_key_given_twice_at_the_top_of_a_yaml_file_is_an_error(tmp_path):
+    # YAML forbids it; the parser kept the last and dropped the first.
+    message, path = conf_error(tmp_path, "routes:\n  add.Tensor: host\nroutes:\n  add.Tensor: cpu_fallback\n")
+    assert message == f"{path}:3: key 'routes' given twice (first at line 1)"
+    message, path = conf_error(tmp_path, "default: host\ndefault: cpu_fallback\n")
+    assert message == f"{path}:2: key 'default' given twice (first at line 1)"
+
+
+def test_a_byte_order_mark_and_an_upper_case_extension_are_read(tmp_path):
+    # Windows editors write a BOM; .conf files took it as part of the first name.
+    path = tmp_path / "bom.CONF"
+    path.write_bytes("\ufeffadd.Tensor = cpu_fallback\n".encode("utf-8"))
+    assert flagos_core.load_conf(path) == {"add.Tensor": "cpu_fallback"}
+
+
+def test_a_route_only_the_router_refuses_leaves_every_route_as_it_was(tmp_path):
+    # abs is composite: the router refuses its route after add.Tensor's was set.
+    before = (flagos_core.route("add.Tensor"), flagos_core.route_layer("add.Tensor"))
+    message, path = conf_error(tmp_path, "routes:\n  add.Tensor: cpu_fallback\n  abs: host\n")
+    assert message.startswith(f"{path}:3: abs cannot be routed")
+    assert (flagos_core.route("add.Tensor"), flagos_core.route_layer("add.Tensor")) == before
+
+
 def test_a_file_that_is_not_utf8_is_a_conf_error(tmp_path):
     path = tmp_path / "binary.yaml"
     path.write_bytes(b"\xff\xfe x\n")
