@@ -27,14 +27,20 @@ tensor enters an autograd graph (see _native_backward.py for why not).
 AOT autograd's cache serves flagos graphs too: an entry records what the
 crossing needs, and a hit puts it back (_inductor_cache.py).
 
-Hooked at torch.compile's inductor wrapper (`backend="inductor"`, the
-default, and its modes), which makes inductor's `compile_fx` hand flagos
-graphs over that way from the first inductor compile on. Graphs without flagos
-tensors compile as before. Inductor's code generators reached by another
-road still stop with MESSAGE, not a KeyError.
+Hooked where inductor's `compile_fx` module is first imported (by
+torch.compile's inductor wrapper, `backend="inductor"` and its modes, or by
+any other road: `torch._dynamo.optimize("inductor")`, a backend that calls
+`compile_fx`, `torch._inductor.compile`), which makes its `compile_fx` hand
+flagos graphs over that way. Importing inductor is slow, so flagos's import
+does not; it waits for the first import. Graphs without flagos tensors
+compile as before. Inductor's code generators reached by another road still
+stop with MESSAGE, not a KeyError.
 """
 
 import copy
+import importlib.abc
+import importlib.util
+import sys
 
 import torch
 from torch.utils import _pytree as pytree
@@ -49,29 +55,41 @@ MESSAGE = (
 CODEGEN_NAMES = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
 
 
+COMPILE_FX = "torch._inductor.compile_fx"
+
+
+class _HandOverOnImport(importlib.abc.MetaPathFinder):
+    """Finds inductor's compile_fx module as Python would, and wraps its
+    compile_fx as soon as the module has run, before any importer binds it."""
+
+    def find_spec(self, name, path, target=None):
+        if name != COMPILE_FX:
+            return None
+        sys.meta_path.remove(self)  # once; and the lookup below must not come back here
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                _hand_flagos_graphs_to_native(module)
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
 def install():
-    """Wraps torch.compile's inductor backend: flagos graphs compile for the native device."""
-    wrapper = torch._TorchCompileInductorWrapper
-    if getattr(wrapper.__call__, "_flagos_native", False):
-        return
-    inductor_call = wrapper.__call__
-
-    def call(self, model_, inputs_, **kwargs):
-        _hand_flagos_graphs_to_native()  # the call imports inductor's compile_fx anyway
-        return inductor_call(self, model_, inputs_, **kwargs)
-
-    call._flagos_native = True
-    call.__wrapped__ = inductor_call
-    wrapper.__call__ = call
+    """Makes inductor's compile_fx compile flagos graphs for the native device."""
+    if COMPILE_FX in sys.modules:
+        _hand_flagos_graphs_to_native(sys.modules[COMPILE_FX])
+    elif not any(isinstance(finder, _HandOverOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _HandOverOnImport())
 
 
-def _hand_flagos_graphs_to_native():
-    """Wraps inductor's compile_fx (once, on the first inductor compile: not
-    at flagos's import, importing inductor is slow): for a flagos graph, its
+def _hand_flagos_graphs_to_native(module):
+    """Wraps inductor's compile_fx (`module`'s): for a flagos graph, its
     inner compiler (what lowers each traced graph) gets the graph for the
     native device; other graphs pass through."""
-    from torch._inductor import compile_fx as module
-
     if getattr(module.compile_fx, "_flagos_native", False):
         return
     compile_fx = module.compile_fx

@@ -430,3 +430,30 @@ def test_a_warm_start_takes_flagos_graphs_from_aot_autograds_cache(tmp_path, nat
     x = torch.arange(64, dtype=torch.int32).remainder(10)
     assert cold["counts"] == (torch.histc(x.float() + 1, bins=5, min=1, max=10) * 2).tolist()
     assert cold["moved"] == (torch.arange(4.0) * 2 + 1).tolist()
+
+
+@on_host
+@pytest.mark.parametrize("road", ["dynamo_optimize", "compile_fx_backend"])
+def test_inductor_reached_by_another_road_first_compiles_flagos_graphs(road):
+    # The hand-over hooked torch.compile's own inductor wrapper only: a
+    # process whose first inductor compile came another way stopped with
+    # "inductor was asked to generate code for the flagos device itself".
+    import subprocess
+    import sys
+    import textwrap
+
+    backend = {"dynamo_optimize": "torch._dynamo.optimize('inductor')(f)",
+               "compile_fx_backend": "torch.compile(f, backend=__import__('torch._inductor.compile_fx', "
+                                     "fromlist=['compile_fx']).compile_fx)"}[road]
+    code = textwrap.dedent(f"""
+        import torch
+        torch.manual_seed(0)
+        x = torch.randn(4, 4)
+        f = lambda x: (x.sin() @ x).relu()
+        got = {backend}(x.to("flagos"))
+        want = torch.compile(f)(x)
+        assert got.device.type == "flagos" and torch.equal(got.cpu(), want), (got, want)
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
