@@ -265,8 +265,9 @@ def _module_on_native(gm, on_native, through, routes, moves_fakes):
                 routes[name] = route_of(name)
             mask = _flagos_tensor_mask(node) if _served_elsewhere(node.target, routes[name]) else ()
             if any(mask):  # factories (no flagos tensor in) are the native device's
-                through.append((node.target._schema.name, node.target._overloadname, mask))
-                node.target = _through_flagos(node.target, mask)
+                numbers = _numbers_in_tensor_slots(node)
+                through.append((node.target._schema.name, node.target._overloadname, mask, numbers))
+                node.target = _through_flagos(node.target, mask, numbers)
         node.args = pytree.tree_map(_native_constant, node.args)
         node.kwargs = pytree.tree_map(_native_constant, node.kwargs)
         if node.op == "get_attr":
@@ -322,17 +323,54 @@ def _flagos_tensor_mask(node):
                  if isinstance(x, torch.fx.Node) and isinstance(_node_value(x), torch.Tensor))
 
 
+def _numbers_in_tensor_slots(node):
+    """The indices of the schema's Tensor arguments to which the traced graph
+    passes a Python number (`x * 3` traces as mul.Tensor(x, 3))."""
+    numbers = []
+    for i, argument in enumerate(node.target._schema.arguments):
+        value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
+        if str(argument.type) == "Tensor" and isinstance(value, (bool, int, float, complex)):
+            numbers.append(i)
+    return tuple(numbers)
+
+
+def _schema_arguments(op, numbers):
+    """`op`'s schema from its arguments on, with Scalar for the Tensor
+    arguments `numbers` lists (the op itself takes a number there)."""
+    schema = str(op._schema)
+    opened, closed = schema.index("("), schema.rindex(") ->")
+    parts, depth, start = [], 0, opened + 1
+    for i in range(opened + 1, closed):  # split at the commas outside brackets (defaults such as [1, 1])
+        if schema[i] in "[(":
+            depth += 1
+        elif schema[i] in "])":
+            depth -= 1
+        elif schema[i] == "," and depth == 0:
+            parts.append(schema[start:i].strip())
+            start = i + 1
+    parts.append(schema[start:closed].strip())
+    index = 0
+    for j, part in enumerate(parts):
+        if part == "*":
+            continue
+        if index in numbers:
+            parts[j] = "Scalar" + part[len("Tensor"):]
+        index += 1
+    return "(" + ", ".join(parts) + schema[closed:]
+
+
 _THROUGH_FLAGOS = {}
 _LIBRARY = []
 
 
-def _through_flagos(op, mask):
+def _through_flagos(op, mask, numbers=()):
     """An opaque op with `op`'s schema whose native kernel calls `op` on the
     flagos tensors over the same memory (those `mask` marks), so flagos's
-    routing serves it, and gives the results' native aliases back."""
+    routing serves it, and gives the results' native aliases back. The
+    Tensor arguments `numbers` lists take Python numbers, as the graph passes."""
     from . import _C, as_native, from_native
 
-    key = (op, mask)
+    key = (op, mask, numbers)
     if key in _THROUGH_FLAGOS:
         return _THROUGH_FLAGOS[key]
     if not _LIBRARY:
@@ -340,8 +378,9 @@ def _through_flagos(op, mask):
     library = _LIBRARY[0]
     qualified = op._schema.name.replace("::", "_")
     name = f"{qualified}_{op._overloadname}_{''.join('1' if m else '0' for m in mask)}".replace(".", "_")
-    schema = str(op._schema)
-    library.define(name + schema[schema.index("("):])
+    if numbers:
+        name += "_numbers_" + "_".join(map(str, numbers))
+    library.define(name + (_schema_arguments(op, numbers) if numbers else str(op._schema)[str(op._schema).index("("):]))
 
     def call(args, kwargs, to_flagos, to_native):
         leaves, spec = pytree.tree_flatten((args, kwargs))

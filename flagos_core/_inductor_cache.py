@@ -18,7 +18,7 @@ import torch
 from ._inductor import NativeCompiledGraph, _is_flagos, _on_native, _through_flagos, route_of
 
 # What a side's record holds; another format is a miss.
-RECORD_FORMAT = 2  # 2: a device index per flagos output
+RECORD_FORMAT = 3  # 2: a device index per flagos output; 3: the number slots of ops through flagos
 
 
 def aot_cache_keeps_the_crossing():
@@ -100,9 +100,10 @@ class _CachedCrossing:
             # compiled (set_route, confs): under other routes, compile anew.
             if any(route_of(name) != provider for name, provider in crossing["routes"].items()):
                 raise miss()
-            for namespace_name, overload, mask in crossing["through"]:
+            for namespace_name, overload, mask, numbers in crossing["through"]:
                 namespace, name = namespace_name.split("::")
-                _through_flagos(getattr(getattr(getattr(torch.ops, namespace), name), overload), tuple(mask))
+                _through_flagos(getattr(getattr(getattr(torch.ops, namespace), name), overload), tuple(mask),
+                                tuple(numbers))
             return load(self, _on_native(example_inputs))
 
         load_side.__wrapped__ = load

@@ -457,3 +457,20 @@ def test_inductor_reached_by_another_road_first_compiles_flagos_graphs(road):
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+@on_host
+def test_a_routed_op_given_a_python_number_in_a_tensor_slot_compiles():
+    # `x * 3` traces as mul.Tensor(x, 3); the op that calls through flagos
+    # for a routed overload had the Tensor schema, and compiling raised
+    # "Expected a value of type 'Tensor' for argument 'other'".
+    def f(x):
+        return (x.mul(3) + 2.5) * x
+
+    x = torch.arange(6.0)
+    want = torch.compile(f)(x)
+    with flagos_core.routes({"mul.Tensor": "cpu_fallback", "add.Tensor": "cpu_fallback"}):
+        with flagos_core.trace() as t:
+            got = torch.compile(f)(x.to("flagos"))
+    assert torch.equal(got.cpu(), want)
+    assert t.counts[("mul.Tensor", "cpu_fallback")] == 2 and t.counts[("add.Tensor", "cpu_fallback")] == 1
