@@ -12,13 +12,14 @@ def providers():
 
 
 def route(overload):
-    """Name of the provider that serves `overload` (e.g. "add.Tensor") now."""
-    return _C._route(overload)
+    """Name of the provider that serves `overload` (e.g. "add.Tensor", or
+    torch.ops.aten.add.Tensor) now."""
+    return _C._route(_overload_name(overload))
 
 
 def route_layer(overload):
     """Which layer chose the route of `overload` ("default", "api", ...)."""
-    return _C._route_layer(overload)
+    return _C._route_layer(_overload_name(overload))
 
 
 def _overload_name(overload):

@@ -499,3 +499,31 @@ def test_a_python_kernels_silent_mistakes_are_errors():
         "flagos: provider 'checked' returned a new tensor from aten::relu_, which writes its argument and returns "
         "it: write the argument (through as_native(t) for a native kernel) and return it",
         "[1.0, -2.0]", "[1.0, -2.0]"]
+
+
+def test_a_python_kernels_wrong_result_kinds_are_named():
+    # A tensor for a tuple result (max.dim), a string for a bool result
+    # (equal), and another flagos device's tensor: each gave a pybind or
+    # torch error naming neither provider nor op, or (the device) nothing.
+    result = run_python("""\
+        import torch, flagos_core
+        flagos_core.register_python_provider("checked", {
+            "max.dim": lambda x, dim, keepdim: x, "equal": lambda a, b: "yes",
+            "neg": lambda x: torch.zeros(2, device="flagos:1")})
+        x = torch.tensor([-1.0, 2.0], device="flagos")
+        with flagos_core.routes({"max.dim": "checked", "equal": "checked", "neg": "checked"}):
+            for call in (lambda: x.max(0), lambda: torch.equal(x, x), lambda: -x):
+                try:
+                    call()
+                    print("no error")
+                except RuntimeError as e:
+                    print(str(e).splitlines()[0])
+        print(flagos_core.route(torch.ops.aten.neg.default))
+        """, FLAGOS_HOST_DEVICES="2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "flagos: provider 'checked' returned Tensor for aten::max.dim, which returns 2 values: return a tuple of them",
+        "flagos: provider 'checked' returned str as result 0 of aten::equal, which is bool",
+        "flagos: provider 'checked' returned a tensor on flagos:1 as result 0 of aten::neg, called on flagos:0 "
+        "tensors: return tensors of the call's device",
+        "host"]

@@ -10,6 +10,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 namespace py = pybind11;
@@ -43,12 +44,19 @@ class PythonProvider final : public KernelProvider {
     py::gil_scoped_acquire gil;
     auto found = kernels_.find(overloadName(op));
     TORCH_CHECK(found != kernels_.end(), "flagos: provider '", name(), "' has no kernel for ", op.operator_name());
-    bool flagos_input = false;
+    // The flagos device of the call (its first flagos tensor's), unless an
+    // argument names a device (a copy to another one may return there).
+    std::optional<c10::Device> flagos_input;
+    bool names_device = false;
     for (const c10::IValue& v : args) {
       // An undefined tensor (a backward's missing gradient) has no device.
-      flagos_input = flagos_input ||
-          (v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == c10::DeviceType::PrivateUse1);
+      if (!flagos_input && v.isTensor() && v.toTensor().defined() &&
+          v.toTensor().device().type() == c10::DeviceType::PrivateUse1) {
+        flagos_input = v.toTensor().device();
+      }
+      names_device = names_device || v.isDevice();
     }
+    const std::optional<c10::Device> call_device = names_device ? std::nullopt : flagos_input;
     // The written tensor arguments (in-place self, out=): a kernel must
     // return them, having written them.
     std::vector<std::pair<const c10::AliasInfo*, at::Tensor>> written;
@@ -70,15 +78,19 @@ class PythonProvider final : public KernelProvider {
       TORCH_CHECK(
           !result.is_none() || returns[0].real_type()->kind() != c10::TypeKind::TensorType, "flagos: provider '",
           name(), "' returned None for ", op.operator_name(), ", which returns a Tensor (a missing return?)");
-      stack->push_back(checkedResult(op, result, returns[0], 0, flagos_input));
+      stack->push_back(checkedResult(op, result, returns[0], 0, flagos_input.has_value(), call_device));
       checkWritten(op, stack->back(), returns[0], written);
     } else if (!returns.empty()) {
+      TORCH_CHECK(
+          py::isinstance<py::tuple>(result) || py::isinstance<py::list>(result), "flagos: provider '", name(),
+          "' returned ", py::str(py::type::handle_of(result).attr("__name__")).cast<std::string>(), " for ",
+          op.operator_name(), ", which returns ", returns.size(), " values: return a tuple of them");
       auto items = py::cast<py::sequence>(result);
       TORCH_CHECK(
           items.size() == returns.size(), "flagos: provider '", name(), "' returned ", items.size(),
           " values for ", op.operator_name(), ", which returns ", returns.size());
       for (size_t i = 0; i < returns.size(); ++i) {
-        stack->push_back(checkedResult(op, items[i], returns[i], i, flagos_input));
+        stack->push_back(checkedResult(op, items[i], returns[i], i, flagos_input.has_value(), call_device));
         checkWritten(op, stack->back(), returns[i], written);
       }
     }
@@ -117,7 +129,8 @@ class PythonProvider final : public KernelProvider {
       py::handle value,
       const c10::Argument& ret,
       size_t index,
-      bool flagos_input) const {
+      bool flagos_input,
+      const std::optional<c10::Device>& call_device) const {
     if (ret.real_type()->kind() == c10::TypeKind::TensorType) {
       if (value.is_none()) {
         return at::Tensor();
@@ -131,8 +144,19 @@ class PythonProvider final : public KernelProvider {
           !flagos_input || !t.defined() || t.device().type() == c10::DeviceType::PrivateUse1, "flagos: provider '",
           name(), "' returned a tensor on ", t.device(), " as result ", index, " of ", op.operator_name(),
           ", called on flagos tensors: return flagos tensors (.to(the input's device))");
+      TORCH_CHECK(
+          !call_device || !t.defined() || t.device() == *call_device, "flagos: provider '", name(),
+          "' returned a tensor on ", t.device(), " as result ", index, " of ", op.operator_name(),
+          ", called on ", *call_device, " tensors: return tensors of the call's device");
     }
-    return torch::jit::toIValue(value, ret.real_type());
+    try {
+      return torch::jit::toIValue(value, ret.real_type());
+    } catch (const std::exception&) {
+      TORCH_CHECK(
+          false, "flagos: provider '", name(), "' returned ",
+          py::str(py::type::handle_of(value).attr("__name__")).cast<std::string>(), " as result ", index, " of ",
+          op.operator_name(), ", which is ", ret.real_type()->str());
+    }
   }
 
   std::unordered_map<std::string, py::object> kernels_;
