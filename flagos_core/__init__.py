@@ -5,6 +5,7 @@ Importing this package (torch's backend autoload does it for a plain
 and installs `torch.flagos`.
 """
 
+import collections.abc as _collections_abc
 import os as _os
 import sys as _sys
 
@@ -104,13 +105,23 @@ def plugins():
 def register_python_provider(name, kernels):
     """Registers a provider whose kernels are Python callables by overload
     name ({"add.Tensor": fn, ...}); names and kernels are checked first."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"flagos: a provider needs a non-empty name, got {name!r}")
+    if not isinstance(name, str):
+        raise TypeError(f"flagos: a provider is named by a string, got {type(name).__name__} {name!r}")
+    if not name:
+        raise ValueError("flagos: a provider needs a non-empty name")
+    if not isinstance(kernels, _collections_abc.Mapping):
+        raise TypeError(f"flagos: provider {name!r}: kernels are a mapping {{overload name: callable}}, not "
+                        f"{type(kernels).__name__}")
     kernels = dict(kernels)
+    seen = {}  # overload without its aten:: prefix -> the key that named it
     for overload, kernel in kernels.items():
         if not isinstance(overload, str):
             raise TypeError(f"flagos: provider {name!r}: an overload is named by a string such as 'add.Tensor', "
                             f"got {overload!r}")
+        plain = overload.removeprefix("aten::")
+        if plain in seen:  # one would be dropped silently
+            raise ValueError(f"flagos: provider {name!r}: {overload!r} and {seen[plain]!r} name one overload")
+        seen[plain] = overload
         # Known to the dispatcher? (Without resolving the overload's route,
         # which would settle it before this provider exists.)
         qualified = overload if "::" in overload else f"aten::{overload}"

@@ -11,6 +11,7 @@ import json
 import os
 import runpy
 import sys
+import traceback
 
 import torch
 
@@ -107,8 +108,16 @@ def cmd_trace(args):
     with flagos_core.trace() as t, redirect:
         try:
             runpy.run_path(script, run_name="__main__")
-        except SystemExit as e:
+        except SystemExit as e:  # as the interpreter reads it: None is 0, a message is printed and is 1
             exit_code = e.code
+            if exit_code is None:
+                exit_code = 0
+            elif not isinstance(exit_code, int):
+                print(exit_code, file=sys.stderr)
+                exit_code = 1
+        except Exception:  # the script's own failure (a ConfError too): its traceback, as python would show it
+            traceback.print_exc()
+            return 1
     report = {
         "script": script,
         "args": argv[1:],

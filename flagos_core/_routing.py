@@ -57,7 +57,9 @@ def set_whole_ops(enabled):
     whole on the native device where no autograd is needed (one routed call
     instead of one per op of their decomposition; FLAGOS_WHOLE_OPS=0 at
     import switches it off)."""
-    _C._set_whole_ops(bool(enabled))
+    if not isinstance(enabled, bool):  # bool("0") is True
+        raise TypeError(f"flagos: set_whole_ops takes True or False, not {enabled!r}")
+    _C._set_whole_ops(enabled)
 
 
 def whole_ops():

@@ -120,6 +120,24 @@ def test_trace_json_passes_args_and_exit_code(tmp_path):
     assert sum(report["providers"].values()) == sum(calls.values())
 
 
+def test_trace_reports_a_scripts_own_exit_and_failure_as_python_would(tmp_path):
+    # sys.exit() is 0 and sys.exit("message") prints it and is 1, in the
+    # report as in the exit status; a ConfError the script raises is the
+    # script's failure (its traceback, 1), not the command line's (2).
+    for code, exit_code, printed in (("sys.exit()", 0, ""), ("sys.exit('bye bye')", 1, "bye bye\n")):
+        script = tmp_path / "exits.py"
+        script.write_text(f"import sys\n{code}\n")
+        result = cli("trace", "--json", "--", str(script))
+        assert (result.returncode, json.loads(result.stdout)["exit_code"], result.stderr) == (exit_code, exit_code,
+                                                                                             printed)
+    script = tmp_path / "conf_fails.py"
+    script.write_text(f"import flagos_core\nflagos_core.load_conf({str(tmp_path / 'missing.yaml')!r})\n")
+    result = cli("trace", "--", str(script))
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and 'conf_fails.py", line 2' in result.stderr
+    assert result.stderr.rstrip().endswith("No such file or directory")
+
+
 def test_trace_needs_an_existing_script(tmp_path):
     result = cli("trace", "--", str(tmp_path / "missing.py"))
     assert (result.returncode, result.stderr) == (2, f"flagos: error: no such script: {tmp_path / 'missing.py'}\n")

@@ -426,7 +426,16 @@ def test_a_python_provider_is_checked_when_registered():
         flagos_core.register_python_provider("checked", {"add.Tensr": lambda *args: None})
     with pytest.raises(TypeError, match="the kernel for add.Tensor must be callable, got int"):
         flagos_core.register_python_provider("checked", {"add.Tensor": 5})
+    # One overload under two keys (one kernel was dropped), a name or kernels of the wrong type.
+    with pytest.raises(ValueError, match="'aten::neg' and 'neg' name one overload"):
+        flagos_core.register_python_provider("checked", {"neg": torch.neg, "aten::neg": torch.neg})
+    with pytest.raises(TypeError, match="a provider is named by a string, got int 5"):
+        flagos_core.register_python_provider(5, {})
+    with pytest.raises(TypeError, match="kernels are a mapping"):
+        flagos_core.register_python_provider("checked", 5)
     assert "checked" not in flagos_core.providers()
+    with pytest.raises(TypeError, match="set_whole_ops takes True or False, not '0'"):
+        flagos_core.set_whole_ops("0")
 
 
 @pytest.mark.parametrize("overload,why", [
