@@ -134,29 +134,16 @@ def _simple_layer(nonlinearity):
     return run
 
 
-def _packed_stacked(data, batch_sizes, states, params, has_biases, num_layers, dropout, train, bidirectional, cell,
-                    projections=False):
-    # CPU's packed layer stack (PackedLayer, ReversedPackedLayer): per layer
-    # and direction the input gates of every step in one linear, then `cell`
-    # step by step; each direction's output side by side, dropout between
-    # layers; -> (output data, the final states stacked per kind).
+def _packed_layer(cell, batch_sizes):
+    # CPU's PackedLayer and ReversedPackedLayer, as a run_layer of _stacked:
+    # the input gates of every step in one linear, then `cell` step by step.
     sizes = batch_sizes.tolist()
-    directions = 2 if bidirectional else 1
-    layer_input, final = data, []
-    for layer in range(num_layers):
-        outputs = []
-        for direction in range(directions):
-            index = layer * directions + direction
-            weights = _layer_weights(params, has_biases, projections, index)
-            run = _packed_reversed if direction > 0 else _packed_forward
-            output, state = run(F.linear(layer_input, weights[0], weights[2]), sizes,
-                                tuple(s[index] for s in states), lambda x, h: cell(x, h, weights))
-            outputs.append(output)
-            final.append(state)
-        layer_input = outputs[0] if directions == 1 else torch.cat(outputs, -1)
-        if dropout != 0 and train and layer < num_layers - 1:
-            layer_input = torch.dropout(layer_input, dropout, True)
-    return layer_input, [torch.stack(kind, 0) for kind in zip(*final)]
+
+    def run(layer_input, state, weights, reverse):
+        gates = F.linear(layer_input, weights[0], weights[2])
+        run_steps = _packed_reversed if reverse else _packed_forward
+        return run_steps(gates, sizes, tuple(state), lambda x, h: cell(x, h, weights))
+    return run
 
 
 def _packed_forward(gates, sizes, hidden, step):
@@ -281,8 +268,8 @@ def _packed_lstm(data, batch_sizes, hx, params, has_biases, num_layers, dropout,
         return _pytorchs_decomposition(torch.ops.aten.lstm.data, data, batch_sizes, hx, params, has_biases,
                                        num_layers, dropout, train, bidirectional)
     projections = len(params) // (num_layers * (2 if bidirectional else 1)) in (3, 5)
-    output, (hy, cy) = _packed_stacked(data, batch_sizes, (hx[0].unbind(0), hx[1].unbind(0)), params, has_biases,
-                                       num_layers, dropout, train, bidirectional, _lstm_cell_step, projections)
+    output, (hy, cy) = _stacked(data, (hx[0].unbind(0), hx[1].unbind(0)), params, has_biases, num_layers, dropout,
+                                train, bidirectional, False, _packed_layer(_lstm_cell_step, batch_sizes), projections)
     return output, hy, cy
 
 
@@ -292,8 +279,8 @@ def _packed_one_hidden(op, cell):
         if not _on_one_device(data, (hx,), params):
             return _pytorchs_decomposition(op, data, batch_sizes, hx, params, has_biases, num_layers, dropout, train,
                                            bidirectional)
-        output, (hy,) = _packed_stacked(data, batch_sizes, (hx.unbind(0),), params, has_biases, num_layers, dropout,
-                                        train, bidirectional, cell)
+        output, (hy,) = _stacked(data, (hx.unbind(0),), params, has_biases, num_layers, dropout, train,
+                                 bidirectional, False, _packed_layer(cell, batch_sizes))
         return output, hy
     return kernel
 

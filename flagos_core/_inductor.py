@@ -339,6 +339,8 @@ def _schema_arguments(op, numbers):
     arguments `numbers` lists (the op itself takes a number there)."""
     schema = str(op._schema)
     opened, closed = schema.index("("), schema.rindex(") ->")
+    if not numbers:
+        return schema[opened:]
     parts, depth, start = [], 0, opened + 1
     for i in range(opened + 1, closed):  # split at the commas outside brackets (defaults such as [1, 1])
         if schema[i] in "[(":
@@ -380,7 +382,7 @@ def _through_flagos(op, mask, numbers=()):
     name = f"{qualified}_{op._overloadname}_{''.join('1' if m else '0' for m in mask)}".replace(".", "_")
     if numbers:
         name += "_numbers_" + "_".join(map(str, numbers))
-    library.define(name + (_schema_arguments(op, numbers) if numbers else str(op._schema)[str(op._schema).index("("):]))
+    library.define(name + _schema_arguments(op, numbers))
 
     def call(args, kwargs, to_flagos, to_native):
         leaves, spec = pytree.tree_flatten((args, kwargs))
