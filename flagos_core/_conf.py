@@ -288,17 +288,18 @@ class Plan:
     def _overload(self, rule):
         self._check_provider(rule, rule.pattern)
         name = _canonical(rule.pattern)
-        if name in self.known:
-            serves = name in self.serves(rule.provider)
-        else:  # not in the generated table: any operator the dispatcher knows
+        if name in self.known and name in self.serves(rule.provider):
+            return name
+        if name not in self.known:  # not in the generated table: any operator the dispatcher knows
             try:
-                serves = _C._can_serve(name, rule.provider)
+                _C._can_serve(name, rule.provider)
             except RuntimeError:
                 raise ConfError(f"{rule.where}: unknown overload {name!r}; {self._suggest(name, rule)}") from None
-            if _C._route(name) == "core":
-                raise ConfError(f"{rule.where}: {name} is served by the core itself and cannot be routed")
-        if not serves:
-            raise ConfError(f"{rule.where}: provider {rule.provider!r} has no kernel for {name}")
+        # The router's own reason (a composite, a view cpu_fallback would
+        # copy, no kernel), so no route is applied that it would refuse.
+        refusal = _C._route_refusal(name, rule.provider)
+        if refusal:
+            raise ConfError(f"{rule.where}: {refusal}")
         return name
 
     def _check_provider(self, rule, what):
@@ -381,23 +382,9 @@ def load_conf(path):
 
 
 def _apply(routes):
-    """Set every route, or none: a route the router refuses (checks only it
-    makes: a composite overload, say) puts back the ones set before it, so a
-    bad conf raises before any route changes."""
-    done = []  # (overload, its provider and layer before)
+    """Set every route of a Plan (which checked each with the router)."""
     for name, rule in routes.items():
-        try:
-            before = (_C._route(name), _C._route_layer(name))
-            _C._set_route(name, rule.provider, rule.layer)
-        except RuntimeError as e:
-            for undone, (provider, layer) in reversed(done):
-                if layer.startswith("default"):
-                    _C._clear_route(undone)
-                else:
-                    _C._set_route(undone, provider, layer)
-            message = str(e).splitlines()[0].removeprefix("flagos: ")
-            raise ConfError(f"{rule.where}: {message}") from None
-        done.append((name, before))
+        _C._set_route(name, rule.provider, rule.layer)
 
 
 def usable_plugin_confs(plugin_confs, refuse):

@@ -64,6 +64,7 @@ class Plugins:
         self.manager.add_hookspecs(hookspecs)
         self.statuses: List[PluginStatus] = []
         self.owner = {}  # plugin module -> status
+        self.providers_missing = set()  # plugin modules whose providers did not all register
         self._register(_builtin, entry_name=_builtin.NAME)
 
     def _register(self, module, entry_name):
@@ -197,12 +198,15 @@ class Plugins:
         else:
             if failures:  # none left to fall back on: say why, not later that none is active
                 raise PluginError("flagos: no device runtime could be activated; " + "; ".join(failures))
+        problems_before = {plugin: len(status.problems) for plugin, status in self.owner.items()}
         for plugin, provider in self._listed("flagos_providers", hookspecs.ProviderSpec,
                                              "a flagos_core.hookspecs.ProviderSpec"):
             try:
                 provider.register()
             except Exception as error:
                 self._problem(plugin, f"registering the {provider.name} provider", error)
+        self.providers_missing = {plugin for plugin, status in self.owner.items()
+                                  if len(status.problems) > problems_before[plugin]}
 
     def refuse_conf(self, plugin_name, error):
         """A loaded plugin's routing conf that cannot be applied: left out,
@@ -216,10 +220,9 @@ class Plugins:
         """(plugin name, path) of every conf shipped by a loaded plugin."""
         out = []
         for plugin, path in self._listed("flagos_confs", (str, os.PathLike), "a path (str or os.PathLike)"):
-            status = self.owner[plugin]
-            if any(p.startswith(("registering", "its flagos_providers")) for p in status.problems):
+            if plugin in self.providers_missing:
                 continue  # its routes may name the provider that is missing
-            out.append((status.name, os.fspath(path)))
+            out.append((self.owner[plugin].name, os.fspath(path)))
         return out
 
 

@@ -444,12 +444,16 @@ def test_a_python_provider_is_checked_when_registered():
     ("resize_", "it changes its input's storage, size or strides in place"),
     ("set_.source_Storage", "it changes its input's storage, size or strides in place"),
 ])
-def test_cpu_fallback_refuses_ops_a_copy_would_break(overload, why):
+def test_cpu_fallback_refuses_ops_a_copy_would_break(overload, why, tmp_path):
     # Through a copy to the CPU and back a view would come back a copy (writes
     # to it lost), and resize_ recursed until the stack overflowed.
     with pytest.raises(RuntimeError, match=f"cpu_fallback cannot serve {overload}: {why}"):
         flagos_core.set_route(overload, "cpu_fallback")
     assert flagos_core.route(overload) != "cpu_fallback"
+    # A conf gets the same reason, before it applies any route.
+    message, path = conf_error(tmp_path, f"routes:\n  add.Tensor: cpu_fallback\n  {overload}: cpu_fallback\n")
+    assert message.startswith(f"{path}:3: cpu_fallback cannot serve {overload}: {why}")
+    assert flagos_core.route("add.Tensor") == NATIVE
 
 
 def test_a_default_to_cpu_fallback_keeps_views_on_their_provider(tmp_path):

@@ -349,28 +349,74 @@ std::string routeLayerOf(const std::string& overload) {
   return r.slots[index].layer;
 }
 
-void setRoute(const std::string& overload, const std::string& provider_name, const std::string& layer) {
-  const std::string name = overloadName(overload);
-  TORCH_CHECK(!coreOwned().count(name), "flagos: ", name, " is served by the core itself and cannot be routed");
-  const size_t index = slotIndexOrThrow(name);
-  auto handle = findHandle(name);
+namespace {
+
+// What a route names, found before the router's lock is taken (the
+// dispatcher has its own).
+struct RouteTarget {
+  std::string name;
+  std::optional<size_t> index;
+  std::optional<c10::OperatorHandle> handle;
+};
+
+RouteTarget routeTarget(const std::string& overload) {
+  RouteTarget target{overloadName(overload), std::nullopt, std::nullopt};
+  if (!coreOwned().count(target.name)) {
+    target.index = slotOf(target.name);
+    target.handle = findHandle(target.name);
+  }
+  return target;
+}
+
+// Why routing `target` to `provider_name` is refused, "" if it is not; the
+// provider, where it exists, through `found`. r.mutex held.
+std::string routeRefusalLocked(
+    Router& r, const RouteTarget& target, const std::string& provider_name, KernelProvider** found) {
+  const std::string& name = target.name;
+  if (coreOwned().count(name)) {
+    return name + " is served by the core itself and cannot be routed";
+  }
+  if (!target.index) {
+    return "unknown operator overload '" + name + "'";
+  }
+  // The route would be taken, reported, and do nothing.
+  if (r.slots[*target.index].composite) {
+    return name + " cannot be routed: PyTorch runs it as a composite on every device, which calls other " +
+        "overloads (flagos_core.trace() lists them); route those instead";
+  }
+  KernelProvider* provider = r.providerLocked(provider_name);
+  *found = provider;
+  if (provider == nullptr) {
+    return "unknown provider '" + provider_name + "' for " + name + "; valid providers: " + r.providerListLocked();
+  }
+  if (target.handle && !provider->canServe(*target.handle)) {
+    const std::string refusal =
+        provider_name == "cpu_fallback" ? detail::cpuFallbackRefusal(*target.handle) : std::string();
+    return refusal.empty() ? "provider '" + provider_name + "' has no kernel for " + name
+                           : "cpu_fallback cannot serve " + name + ": " + refusal;
+  }
+  return {};
+}
+
+} // namespace
+
+std::string routeRefusal(const std::string& overload, const std::string& provider_name) {
+  const RouteTarget target = routeTarget(overload);
   Router& r = router();
   std::lock_guard<std::mutex> lock(r.mutex);
-  // The route would be taken, reported, and do nothing.
-  TORCH_CHECK(
-      !r.slots[index].composite, "flagos: ", name, " cannot be routed: PyTorch runs it as a composite on every ",
-      "device, which calls other overloads (flagos_core.trace() lists them); route those instead");
-  KernelProvider* provider = r.providerLocked(provider_name);
-  TORCH_CHECK(
-      provider != nullptr, "flagos: unknown provider '", provider_name, "' for ", name,
-      "; valid providers: ", r.providerListLocked());
-  if (handle && !provider->canServe(*handle) && provider_name == "cpu_fallback") {
-    const std::string refusal = detail::cpuFallbackRefusal(*handle);
-    TORCH_CHECK(refusal.empty(), "flagos: cpu_fallback cannot serve ", name, ": ", refusal);
-  }
-  TORCH_CHECK(
-      !handle || provider->canServe(*handle), "flagos: provider '", provider_name,
-      "' has no kernel for ", name);
+  KernelProvider* provider = nullptr;
+  return routeRefusalLocked(r, target, provider_name, &provider);
+}
+
+void setRoute(const std::string& overload, const std::string& provider_name, const std::string& layer) {
+  const RouteTarget target = routeTarget(overload);
+  Router& r = router();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  KernelProvider* provider = nullptr;
+  const std::string refusal = routeRefusalLocked(r, target, provider_name, &provider);
+  TORCH_CHECK(refusal.empty(), "flagos: ", refusal);
+  const size_t index = *target.index;
+  const auto& handle = target.handle;
   Slot& slot = r.slots[index];
   slot.explicit_provider = provider;
   slot.layer = layer;

@@ -146,6 +146,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_route", &routeOf);
   m.def("_route_layer", &routeLayerOf);
   m.def("_set_route", &setRoute);
+  m.def("_route_refusal", &routeRefusal);
   m.def("_clear_route", &clearRoute);
   m.def("_slot_names", &slotNames);
   m.def("_can_serve", &canServe);

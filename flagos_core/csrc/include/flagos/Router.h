@@ -26,6 +26,9 @@ FLAGOS_API std::string overloadName(const std::string& qualified); // drops "ate
 FLAGOS_API std::string routeOf(const std::string& overload);
 // Where the route came from: "default", "api", ... (conf layers add more).
 FLAGOS_API std::string routeLayerOf(const std::string& overload);
+// Why setRoute(overload, provider) would be refused ("" when it would not):
+// confs check every route with it before applying any.
+FLAGOS_API std::string routeRefusal(const std::string& overload, const std::string& provider);
 FLAGOS_API void setRoute(
     const std::string& overload,
     const std::string& provider,
