@@ -205,6 +205,36 @@ def test_per_thread_generators_are_reproducible(native_device):
         assert torch.equal(got[tid], expected[tid]), tid
 
 
+@pytest.mark.native
+def test_reseeding_a_generator_while_another_thread_draws_changes_no_draw():
+    # Native kernels lock the native generator while they draw; flagos's
+    # generator reseeded it (and read its state) without that lock, so a
+    # draw changed midway: every draw of this loop, and CPU-only code too,
+    # as torch.manual_seed seeds flagos:0, which is CPU's generator.
+    g = torch.Generator("flagos")
+    n = 1 << 20
+    g.manual_seed(1)
+    expected = torch.rand(n, device="flagos", generator=g).cpu()
+    stop = threading.Event()
+
+    def reseed():
+        while not stop.is_set():
+            g.manual_seed(1)
+            g.get_state()
+
+    thread = threading.Thread(target=reseed)
+    thread.start()
+    try:
+        changed = 0
+        for _ in range(20):
+            g.manual_seed(1)
+            changed += not torch.equal(torch.rand(n, device="flagos", generator=g).cpu(), expected)
+    finally:
+        stop.set()
+        thread.join()
+    assert changed == 0
+
+
 def test_allocator_stats_balance_after_concurrent_use():
     gc.collect()
     base = torch.flagos.memory_allocated()
