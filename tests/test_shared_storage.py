@@ -50,6 +50,19 @@ CASES = {
     "addmm_ reading the same storage": lambda a: a[:4].view(2, 2).addmm_(a[4:].view(2, 2), a[4:].view(2, 2)),
     "foreach over disjoint halves": lambda a: torch._foreach_add_([a[:4]], [a[4:]]),
     "foreach writing two views": lambda a: torch._foreach_mul_([a[:4], a[4:]], 2.0),
+    # One tensor as the written argument and an input: one alias, as natively
+    # one tensor, so TensorIterator refuses to resize an out= tensor that it
+    # reads (it had resized it, reading the memory it was overwriting).
+    "addcmul out= that is an input, to be resized": lambda a: (
+        lambda t: torch.addcmul(a[:6].view(2, 3), t, t, out=t))(a[10:13]),
+    "mul out= a 0-dim input, to be resized": lambda a: (lambda x: torch.mul(x, a[:3], out=x))(a[5]),
+    "addcmul out= an input, a CPU scalar beside": lambda a: (
+        lambda t: torch.addcmul(a[:6].view(2, 3), t, torch.tensor(2.0), out=t))(a[10:13]),
+    "lerp out= its weight": lambda a: (lambda w: torch.lerp(a[:4], a[4:8], w, out=w))(a[8:12]),
+    "clamp out= its min": lambda a: (lambda m: torch.clamp(a[:4], min=m, out=m))(a[12:16]),
+    "add out= its other": lambda a: (lambda t: torch.add(a[:4], t, out=t))(a[4:8]),
+    "addcmul_ of itself": lambda a: (lambda t: t.addcmul_(t, t))(a[4:8]),
+    "index_put_ of itself": lambda a: (lambda t: t.index_put_((_index(a.device, 3, 0),), t[:2]))(a[:4]),
     # More than a few tensors in one call (the grouping's other way).
     "foreach over many views, overlapping": lambda a: torch._foreach_add_(
         [a[i:i + 2] for i in range(0, 12, 2)], [a[i + 1:i + 3] for i in range(0, 12, 2)]),

@@ -105,13 +105,14 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, size_t arg, 
   noteDevice(d, arg);
   if (aliases.empty()) {
     pool = threadAliasPool(); // once per call: the first alias's lookup serves the rest
-  } else if (!info.writes && !in_list && aliases.size() <= kSameTensorScan) {
+  } else if (!in_list && aliases.size() <= kSameTensorScan) {
     // One tensor in several arguments is one alias, as natively it is one
     // tensor: kernels test is_same (multi-head attention's fused input
-    // projection, taken only for self-attention). Calls that write keep
-    // an alias per argument, for write-back.
-    for (const Alias& a : aliases) {
+    // projection, taken only for self-attention; TensorIterator's check
+    // that an out= tensor which is also an input is not resized).
+    for (Alias& a : aliases) {
       if (a.original == t.unsafeGetTensorImpl()) {
+        a.args |= argumentBit(arg); // written back if either argument is written
         return c10::MaybeOwned<at::Tensor>::borrowed(a.pooled);
       }
     }
@@ -119,7 +120,7 @@ c10::MaybeOwned<at::Tensor> CallState::toAlias(const at::Tensor& t, size_t arg, 
   const c10::StorageImpl* made = nullptr;
   at::Tensor alias = pooledAlias(pool, t, consts.nativeDevice(d.index()), &made);
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
-  aliases.push_back(Alias{std::move(alias), impl, t.unsafeGetTensorImpl(), made, arg});
+  aliases.push_back(Alias{std::move(alias), impl, t.unsafeGetTensorImpl(), made, argumentBit(arg)});
   // A borrow copies the TensorImpl pointer, not a reference to the vector's
   // element, so it stays valid if `aliases` grows; the entry owns the alias.
   return c10::MaybeOwned<at::Tensor>::borrowed(aliases.back().pooled);
@@ -132,7 +133,7 @@ const c10::StorageImpl* flagosStorageOf(const Alias& a) {
 }
 
 bool isWrittenAlias(const Alias& a, uint64_t written) {
-  return a.arg >= 64 || ((written >> a.arg) & 1) != 0;
+  return (written & a.args) != 0;
 }
 
 // `to` takes `from`'s native storage for the call; its own waits in `displaced`.

@@ -33,10 +33,17 @@ struct Alias {
   // reference would cost, for a tensor Python holds, a trip through the GIL.
   c10::TensorImpl* original;
   const c10::StorageImpl* native_storage; // as made, before the kernel ran
-  size_t arg; // the argument's index in the schema
+  // The arguments it stands for (bit i: argument i in the schema; past the
+  // 64th, every bit): one tensor passed twice is one alias.
+  uint64_t args;
   // The alias's own storage while it uses another alias's (shareStorages).
   c10::Storage displaced;
 };
+
+// Alias::args's bit for argument `arg`.
+inline uint64_t argumentBit(size_t arg) {
+  return arg < 64 ? uint64_t{1} << arg : ~uint64_t{0};
+}
 
 // Where a call's flagos tensors share a storage, their aliases share one
 // native storage for the call (each pooled alias has its own otherwise), so
@@ -158,7 +165,7 @@ struct CallState {
   // arguments its schema marks, so the read ones need no check.
   void writeBackWritten(c10::DeviceIndex index, uint64_t written) {
     for (const Alias& a : aliases) {
-      if (a.arg >= 64 || ((written >> a.arg) & 1) != 0) {
+      if ((written & a.args) != 0) {
         writeBack(a, index, foreign_storages);
       }
     }

@@ -424,17 +424,26 @@ struct SharedKernel<R(A...)> {
     };
     if constexpr (std::is_same_v<R, at::Tensor&>) {
       constexpr size_t kWritten = writtenArgument<A...>();
-      constexpr size_t kTensors = (size_t{kShortTensor<A>} + ...);
-      if constexpr (kTensors > 1) {
+      constexpr size_t kSlots = (size_t{kAliasSlot<A>} + ...); // entries, optional tensors' included
+      if constexpr (kSlots > 1) {
         // The written tensor over another one's storage: rare, out of line.
         const c10::StorageImpl* written = aliases.entries[kOrdinal[kWritten]].original->unsafe_storage().unsafeGetStorageImpl();
         bool same = false;
-        for (size_t i = 0; i < kTensors; ++i) {
+        for (size_t i = 0; i < kSlots; ++i) {
           same |= i != kOrdinal[kWritten] && aliases.entries[i].original != nullptr &&
               aliases.entries[i].original->unsafe_storage().unsafeGetStorageImpl() == written;
         }
         if (C10_UNLIKELY(same)) {
-          aliases.shared = detail::shareWithWritten(aliases.entries, kTensors, kOrdinal[kWritten]);
+          // The written tensor passed again (as an input): that argument
+          // passes the written alias, one tensor as natively (TensorIterator
+          // then refuses to resize an out= tensor that is also an input).
+          for (size_t i = 0; i < kSlots; ++i) {
+            if (i != kOrdinal[kWritten] &&
+                aliases.entries[i].original == aliases.entries[kOrdinal[kWritten]].original) {
+              aliases.source[i] = static_cast<uint8_t>(kOrdinal[kWritten]);
+            }
+          }
+          aliases.shared = detail::shareWithWritten(aliases.entries, kSlots, kOrdinal[kWritten]);
         }
       }
       // In-place or out=: the kernel wrote through the alias; a resize or
