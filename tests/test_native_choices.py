@@ -11,6 +11,7 @@ attention fuses its projection for self-attention)."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import flagos_core
 from native_reference import assert_matches_native, native_device, results_on_native
@@ -397,3 +398,35 @@ def _attention_with_a_learned_mask(device):
 def test_attention_without_grad_chooses_as_the_native_device_for_a_mask_that_requires_grad(tmp_path):
     native = results_on_native(_attention_with_a_learned_mask, native_device(), tmp_path)
     assert_matches_native(_attention_with_a_learned_mask(torch.device("flagos")), native)
+
+
+def _transformer_fast_path_under_autocast(device):
+    # Self-contained: on an accelerator it runs in a side process. The
+    # inference fast path is one native kernel that calls linear and bmm
+    # inside: natively autocast casts those, as no autocast lists the kernel.
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).to(device).eval()
+    x = torch.randn(2, 5, 8).to(device)
+    with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16):
+        return [layer(x)]
+
+
+def test_a_native_kernel_calling_cast_ops_casts_them_under_flagos_autocast(tmp_path):
+    native = results_on_native(_transformer_fast_path_under_autocast, native_device(), tmp_path)
+    got = _transformer_fast_path_under_autocast(torch.device("flagos"))
+    assert got[0].dtype == torch.bfloat16
+    assert_matches_native(got, native)
+
+
+def test_the_native_devices_autocast_casts_nothing_on_flagos():
+    # As torch.autocast("cpu") casts no CUDA tensor: around flagos code the
+    # native device's autocast changed whole calls (linear, matmul, without
+    # autograd), and won over flagos's own where both were on.
+    native = native_device().type
+    a, w = torch.randn(4, 8, device="flagos"), torch.randn(3, 8, device="flagos")
+    with torch.autocast(native, dtype=torch.bfloat16):
+        assert F.linear(a, w).dtype == torch.float32 and (a @ w.T).dtype == torch.float32
+        with torch.no_grad():
+            assert F.linear(a, w.requires_grad_()).dtype == torch.float32
+    with torch.autocast(native, dtype=torch.float16), torch.autocast("flagos", dtype=torch.bfloat16):
+        assert F.linear(a, w).dtype == torch.bfloat16

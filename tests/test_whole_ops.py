@@ -165,6 +165,14 @@ def _batched_with_parameters(device):
                 results += [torch.nn.functional.linear(inp, w), torch.nn.functional.linear(inp, w, b),
                             torch.matmul(inp, w.t())]
             results.append(mha(x[:, -2:], x, x, need_weights=False)[0])
+            # matmul with the operand that requires grad on the left, or
+            # batches of 1 and more: should_fold and the batch-1 squeeze.
+            for left, right in (((4, 5), (2, 5, 3)), ((5,), (2, 5, 3)), ((7, 5), (3, 2, 5, 3)),
+                                ((1, 4, 5), (2, 5, 3)), ((2, 4, 5), (1, 5, 3))):
+                p = torch.randn(left).to(device).requires_grad_()
+                q = torch.randn(right).to(device)
+                results += [torch.matmul(p, q), torch.matmul(q.mT, p.mT if p.dim() > 1 else p),
+                            torch.matmul(p.detach(), q.requires_grad_())]
     return results
 
 

@@ -4,6 +4,7 @@
 #include "core/CallConstants.h"
 #include "core/RelabelCall.h"
 
+#include <ATen/autocast_mode.h>
 #include <c10/core/DeviceGuard.h>
 
 namespace flagos {
@@ -28,6 +29,30 @@ c10::IValue convertResult(c10::IValue value, CallState& state, c10::DeviceIndex 
 }
 
 } // namespace
+
+void detail::NativeAutocast::enter() {
+  const c10::DeviceType native = activeRuntime().nativeDeviceType();
+  const bool on = at::autocast::is_autocast_enabled(c10::DeviceType::PrivateUse1);
+  const bool native_on = at::autocast::is_autocast_enabled(native);
+  const at::ScalarType dtype = at::autocast::get_autocast_dtype(c10::DeviceType::PrivateUse1);
+  const at::ScalarType native_dtype = at::autocast::get_autocast_dtype(native);
+  if (on == native_on && (!on || dtype == native_dtype)) {
+    return;
+  }
+  changed_ = true;
+  native_ = native;
+  native_was_on_ = native_on;
+  native_dtype_ = native_dtype;
+  at::autocast::set_autocast_enabled(native, on);
+  if (on) {
+    at::autocast::set_autocast_dtype(native, dtype);
+  }
+}
+
+void detail::NativeAutocast::exit() {
+  at::autocast::set_autocast_enabled(native_, native_was_on_);
+  at::autocast::set_autocast_dtype(native_, native_dtype_);
+}
 
 at::Tensor toNative(const at::Tensor& t, c10::Device native) {
   const c10::TensorImpl* src = t.unsafeGetTensorImpl();

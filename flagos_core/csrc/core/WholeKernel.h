@@ -24,6 +24,7 @@
 #include "core/TypedKernel.h"
 
 #include <ATen/ops/group_norm_ops.h>
+#include <ATen/ops/matmul_ops.h>
 #include <ATen/ops/scaled_dot_product_attention_ops.h>
 #include <c10/core/GradMode.h>
 
@@ -85,13 +86,10 @@ struct Condition<at::_ops::scaled_dot_product_attention> {
 };
 
 // PyTorch's composites read requires_grad outside grad mode too, and native
-// aliases carry no autograd state. matmul (and linear through it) folds a
-// batched operand into one matrix product when the other operand requires
-// grad (should_fold), else keeps a batched operand that cannot be viewed as
-// a matrix batched: another kernel, other roundings. So where an argument
-// requires grad the call runs whole only where that choice cannot differ:
-// every tensor of 3 or more dimensions contiguous (always folded). SDPA's
-// backend checks read requires_grad as well: there, none may require it.
+// aliases carry no autograd state. Where an argument requires grad the call
+// runs whole only where the choice cannot differ (matmulSameChoice, below,
+// for matmul and linear). SDPA's backend checks read requires_grad as
+// well: there, none may require it.
 template <class Op>
 struct ReadsRequiresGradAlways : std::false_type {};
 template <>
@@ -111,8 +109,47 @@ C10_ALWAYS_INLINE bool tensorWhere(const std::remove_reference_t<T>& arg, Test t
   }
 }
 
+// Whether matmul(a, b) chooses its kernels alike whether or not its
+// operands require grad. ATen's matmul reads requires_grad in two places:
+// should_fold (a matrix or vector operand that requires grad folds the
+// batched one into one product; without it, a batched right operand under
+// a matrix stays batched, and a batched left one folds only where its
+// leading dimensions allow a view), and two 3-d operands of different batch
+// sizes, where one of batch 1 that requires grad is squeezed first.
+inline bool matmulSameChoice(const at::Tensor& a, const at::Tensor& b) {
+  const int64_t da = a.dim();
+  const int64_t db = b.dim();
+  if (da >= 3 && db <= 2) {
+    return !b.requires_grad() || a.is_contiguous();
+  }
+  if (da <= 2 && db >= 3) {
+    return !a.requires_grad();
+  }
+  if (da == 3 && db == 3 && a.size(0) != b.size(0)) {
+    return !(a.size(0) == 1 && a.requires_grad()) && !(b.size(0) == 1 && b.requires_grad());
+  }
+  return true;
+}
+
+template <class Op>
+struct MatmulChoice {
+  template <class... A>
+  static bool same(const A&...) {
+    return true;
+  }
+};
+
+template <>
+struct MatmulChoice<at::_ops::matmul> {
+  static bool same(const at::Tensor& a, const at::Tensor& b) {
+    return matmulSameChoice(a, b);
+  }
+};
+
 // Whether the native composite, on aliases without requires_grad, would
-// choose as it does on tensors with it.
+// choose as it does on tensors with it. linear reaches matmul with its
+// input first and the weight, a matrix, second: batched inputs fold alike
+// where they are contiguous.
 template <class Op, class... A>
 C10_ALWAYS_INLINE bool sameChoiceWithoutGradState(const std::remove_reference_t<A>&... args) {
   const auto requires_grad = [](const at::Tensor& t) { return t.requires_grad(); };
@@ -120,7 +157,8 @@ C10_ALWAYS_INLINE bool sameChoiceWithoutGradState(const std::remove_reference_t<
     return true;
   }
   const auto batched_non_contiguous = [](const at::Tensor& t) { return t.dim() >= 3 && !t.is_contiguous(); };
-  return !ReadsRequiresGradAlways<Op>::value && !(tensorWhere<A>(args, batched_non_contiguous) || ...);
+  return !ReadsRequiresGradAlways<Op>::value && MatmulChoice<Op>::same(args...) &&
+      !(tensorWhere<A>(args, batched_non_contiguous) || ...);
 }
 
 // How a call that cannot run whole decomposes: the op's composite kernel,

@@ -8,6 +8,8 @@
 #include <flagos/Provider.h>
 #include <flagos/Runtime.h>
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
 namespace flagos {
 
 // The keys of a plain flagos tensor: dense, on flagos, with no Python
@@ -91,7 +93,43 @@ class FLAGOS_API RelabelProvider : public KernelProvider {
   virtual void exitNative(int64_t /*entered*/) {}
 };
 
-// enterNative / exitNative as a scope.
+namespace detail {
+
+// While a flagos call runs native kernels, the native device's autocast is
+// flagos's: on, with flagos's dtype, exactly where torch.autocast("flagos")
+// is on for the call. A native kernel that calls autocast-listed ops
+// without being listed itself (the transformer fast path) then casts them
+// as natively; and torch.autocast("cpu") (or "cuda") around flagos code
+// casts nothing inside flagos's calls, as it casts no other device's
+// tensors. With autocast off everywhere (one thread-local read), nothing
+// changes.
+class FLAGOS_API NativeAutocast {
+ public:
+  NativeAutocast() {
+    if (C10_UNLIKELY(!c10::impl::tls_local_dispatch_key_set().excluded_.isSupersetOf(c10::autocast_dispatch_keyset))) {
+      enter();
+    }
+  }
+  ~NativeAutocast() {
+    if (C10_UNLIKELY(changed_)) {
+      exit();
+    }
+  }
+  NativeAutocast(const NativeAutocast&) = delete;
+  NativeAutocast& operator=(const NativeAutocast&) = delete;
+
+ private:
+  void enter();
+  void exit();
+  bool changed_ = false;
+  bool native_was_on_ = false;
+  c10::DeviceType native_ = c10::DeviceType::CPU;
+  at::ScalarType native_dtype_ = at::ScalarType::Undefined;
+};
+
+} // namespace detail
+
+// enterNative / exitNative as a scope, with the native autocast mirrored.
 class NativeScope {
  public:
   NativeScope(RelabelProvider& provider, c10::DeviceIndex index)
@@ -105,6 +143,7 @@ class NativeScope {
  private:
   RelabelProvider& provider_;
   int64_t entered_;
+  detail::NativeAutocast autocast_;
 };
 
 } // namespace flagos
