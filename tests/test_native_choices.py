@@ -371,14 +371,18 @@ def _ldexp_and_conj_physical(device):
     z_inplace = z.clone()
     z_inplace.conj_physical_()
     out = torch.empty(4, device=device)
+    values = torch.empty(0, device=device)
+    indices = torch.empty(0, dtype=torch.long, device=device)
+    torch.mode(torch.tensor([[1.0, 2, 2], [3, 3, 1]], device=device), 1, out=(values, indices))
     return [torch.ldexp(x, exponents), torch.ldexp(x.double(), exponents), torch.ldexp(x, exponents, out=out),
-            x.clone().ldexp_(exponents), z_inplace, torch.conj_physical(z)]
+            x.clone().ldexp_(exponents), z_inplace, torch.conj_physical(z), values, indices]
 
 
 def test_ldexp_and_conj_physical_run_the_native_devices_kernels(tmp_path):
     # Their kernels for every device look a DispatchStub up by device type:
     # ldexp took x * 2**e on flagos (inf and nan where CPU's and CUDA's give
-    # the value), conj_physical_ raised an internal assert.
+    # the value), conj_physical_ raised an internal assert. mode's out=
+    # form checks the device type ("only supports CPU, CUDA and XPU").
     native = results_on_native(_ldexp_and_conj_physical, native_device(), tmp_path)
     assert_matches_native(_ldexp_and_conj_physical(torch.device("flagos")), native)
 
