@@ -78,8 +78,17 @@ class _HandOverOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+# The operators flagos (and torch, and the plugins) gave a PrivateUse1
+# kernel by the end of flagos's import: a kernel any other operator has
+# there later is a user's own (torch.library), which the native device's
+# kernel must not replace in compiled code.
+_own_kernels = frozenset()
+
+
 def install():
     """Makes inductor's compile_fx compile flagos graphs for the native device."""
+    global _own_kernels
+    _own_kernels = frozenset(torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1"))
     if COMPILE_FX in sys.modules:
         _hand_flagos_graphs_to_native(sys.modules[COMPILE_FX])
     elif not any(isinstance(finder, _HandOverOnImport) for finder in sys.meta_path):
@@ -294,11 +303,18 @@ def _attributes_in_order_of(copied, original):
     ours.update(ordered)
 
 
+# route_of's answer for an overload a user's own flagos kernel serves.
+USERS_KERNEL = "a user's PrivateUse1 kernel"
+
+
 def route_of(name):
-    """The provider flagos routes overload `name` to now; None where it has
-    no slot (a composite op, which decomposes)."""
+    """The provider flagos routes overload `name` to now (USERS_KERNEL where
+    a user's own PrivateUse1 kernel serves it); None where it has no slot (a
+    composite op, which decomposes). AOT autograd's cache compares it too."""
     from . import _C
 
+    if _users_kernel(name):
+        return USERS_KERNEL
     try:
         return _C._route(name)
     except RuntimeError:
@@ -314,6 +330,19 @@ def _served_elsewhere(op, provider):
     if any(a.alias_info is not None for a in list(schema.arguments) + list(schema.returns)):
         return False  # views and writes: left to the native kernels (functionalised graphs have few)
     return provider is not None and provider != _C._default_provider()
+
+
+def _users_kernel(name):
+    """Whether overload `name` has a PrivateUse1 kernel a user registered (a
+    custom op's kernel for flagos, or an override of an ATen op's): the
+    compiled code must call it, as eager code does, not the native device's
+    kernel."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"):
+        return False
+    if name not in _own_kernels:
+        return True
+    # Registered over flagos's own: flagos's then shows as inactive.
+    return any(line.startswith("PrivateUse1 (inactive)") for line in torch._C._dispatch_dump(name).splitlines())
 
 
 def _flagos_tensor_mask(node):

@@ -474,3 +474,34 @@ def test_a_routed_op_given_a_python_number_in_a_tensor_slot_compiles():
             got = torch.compile(f)(x.to("flagos"))
     assert torch.equal(got.cpu(), want)
     assert t.counts[("mul.Tensor", "cpu_fallback")] == 2 and t.counts[("add.Tensor", "cpu_fallback")] == 1
+
+
+def test_a_users_own_flagos_kernel_runs_in_compiled_code():
+    # A custom op's kernel registered for flagos, and a user's flagos kernel
+    # for an ATen op, ran in eager code; inductor's code called the native
+    # device's kernel instead (the custom op's CPU kernel, CPU's sinh).
+    torch._dynamo.reset()
+
+    @torch.library.custom_op("flagos_test::tagged", mutates_args=())
+    def tagged(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    @tagged.register_kernel("flagos")
+    def _(x):
+        return x + 100
+
+    @tagged.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    x = torch.zeros(3, device="flagos")
+    assert torch.equal(torch.compile(tagged)(x).cpu(), torch.full((3,), 100.0))
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        library.impl("sinh", lambda t: torch.full_like(t.cpu(), 7.0).to(t.device), "PrivateUse1")
+        torch._dynamo.reset()
+        assert torch.equal(torch.compile(torch.sinh)(x).cpu(), torch.full((3,), 7.0))
+    finally:
+        library._destroy()
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(torch.sinh)(x).cpu(), torch.sinh(torch.zeros(3)))

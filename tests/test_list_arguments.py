@@ -108,3 +108,19 @@ def test_cat_of_views_and_a_tensor_of_another_device(native_device):
     _same([torch.cat([parts_f[0], parts_f[0]], dim=1)], [torch.cat([parts_n[0], parts_n[0]], dim=1)])
     with pytest.raises(RuntimeError, match="same device"):
         torch.cat([a_f[0], torch.ones(4, 6)])
+
+
+def test_foreach_lists_with_a_cpu_tensor_raise_and_leave_it_unwritten():
+    # Natively each index is one tensor op: a CPU tensor beside a device
+    # tensor raises there, unless it is a 0-dim scalar that is read. flagos
+    # ran CPU's foreach kernel, which took the CPU tensor, and wrote it.
+    cpu, f = torch.zeros(3), torch.ones(3, device="flagos")
+    with pytest.raises(RuntimeError, match="same device"):
+        torch._foreach_add_([cpu], [f])
+    with pytest.raises(RuntimeError, match="same device"):
+        torch._foreach_mul([f, cpu], 2.0)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch._foreach_add_([f], [torch.ones(3)])
+    assert torch.equal(cpu, torch.zeros(3)) and torch.equal(f.cpu(), torch.ones(3))
+    torch._foreach_add_([f], [torch.tensor(2.0)])  # a 0-dim CPU scalar, read: as natively
+    assert torch.equal(f.cpu(), torch.full((3,), 3.0))

@@ -161,7 +161,9 @@ def _batched_with_parameters(device):
     results = []
     for context in (torch.no_grad, torch.inference_mode):
         with context():
-            for inp in (x[:, -1:], x.transpose(0, 1), x[:, ::2], x):
+            # (2, 1, 64) with strides (64, 1, 1), as Mamba's x_proj gets it:
+            # contiguous, yet its leading dimensions do not view as one.
+            for inp in (x[:, -1:], x.transpose(0, 1), x[:, ::2], x, x[:, 0].contiguous().view(2, 64, 1).transpose(1, 2)):
                 results += [torch.nn.functional.linear(inp, w), torch.nn.functional.linear(inp, w, b),
                             torch.matmul(inp, w.t())]
             results.append(mha(x[:, -2:], x, x, need_weights=False)[0])
@@ -240,6 +242,30 @@ def test_conjugate_views_decompose():
         assert torch.equal(out.cpu(), F.linear(x.conj(), w))
     else:
         torch.testing.assert_close(out.cpu(), F.linear(x.conj(), w))
+
+
+def test_a_python_dispatch_mode_sees_the_decomposition_on_flagos_tensors():
+    # make_fx and logging modes saw the native kernel's inner calls, on
+    # native aliases (make_fx baked them into the graph as constants).
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Devices(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen += [(func, a.device.type) for a in args if isinstance(a, torch.Tensor)]
+            return func(*args, **(kwargs or {}))
+
+    t = make_inputs("flagos")
+    with torch.no_grad(), Devices() as mode:
+        F.linear(t["x"], t["w"])
+    assert mode.seen and {device for _, device in mode.seen} == {"flagos"}
+    graph = make_fx(lambda x, w: F.linear(x, w))(t["x"], t["w"])
+    other = torch.randn_like(t["x"])
+    torch.testing.assert_close(graph(other, t["w"]).cpu(), F.linear(other.cpu(), t["w"].cpu()))
 
 
 def test_sdpa_with_dropout_decomposes():

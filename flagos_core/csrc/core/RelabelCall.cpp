@@ -49,12 +49,24 @@ C10_NOINLINE static bool writesArgument(const c10::OperatorHandle& op, size_t ar
   return alias != nullptr && alias->isWrite();
 }
 
+namespace {
+
+// A foreach op's lists pair tensors index by index, each pair as one
+// tensor op would take it: natively a CPU tensor beside a device tensor
+// raises there (CUDA's per-tensor path), unless it is a scalar read. The
+// CPU kernel flagos runs would take it, and write it.
+bool isForeach(const c10::OperatorHandle& op) {
+  return op.operator_name().name.rfind("aten::_foreach_", 0) == 0;
+}
+
+} // namespace
+
 bool foreignTensorAllowed(const c10::OperatorHandle& op, size_t arg, const at::Tensor& t, bool in_list, bool exact_device) {
   const c10::Device d = t.device();
   // A CPU scalar may be read, as native kernels read one; never written:
   // the kernel would write the CPU tensor (native ones refuse it).
   const bool scalar = t.dim() == 0 && d.is_cpu() && !writesArgument(op, arg);
-  return scalar || (in_list && !exact_device) || onCpuByDesign(op, arg, d);
+  return scalar || (in_list && !exact_device && !isForeach(op)) || onCpuByDesign(op, arg, d);
 }
 
 void mixedDevices(const c10::Device& a, const c10::Device& b, const c10::OperatorHandle& op, size_t arg) {

@@ -24,9 +24,11 @@
 #include "core/TypedKernel.h"
 
 #include <ATen/ops/group_norm_ops.h>
+#include <ATen/ops/linear_ops.h>
 #include <ATen/ops/matmul_ops.h>
 #include <ATen/ops/scaled_dot_product_attention_ops.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <optional>
 #include <type_traits>
@@ -88,7 +90,7 @@ struct Condition<at::_ops::scaled_dot_product_attention> {
 // PyTorch's composites read requires_grad outside grad mode too, and native
 // aliases carry no autograd state. Where an argument requires grad the call
 // runs whole only where the choice cannot differ (matmulSameChoice, below,
-// for matmul and linear). SDPA's backend checks read requires_grad as
+// for matmul and linear; other ops: every batched tensor contiguous). SDPA's backend checks read requires_grad as
 // well: there, none may require it.
 template <class Op>
 struct ReadsRequiresGradAlways : std::false_type {};
@@ -109,18 +111,32 @@ C10_ALWAYS_INLINE bool tensorWhere(const std::remove_reference_t<T>& arg, Test t
   }
 }
 
+// Whether a batched operand folds into a matrix without a copy, as ATen's
+// should_fold tests it: its leading dimensions view as one.
+inline bool foldsToMatrix(const at::Tensor& t) {
+  if (t.numel() == 0) {
+    return true;
+  }
+  for (int64_t i = 0; i + 2 < t.dim(); ++i) {
+    if (t.stride(i) != t.stride(i + 1) * t.size(i + 1)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // Whether matmul(a, b) chooses its kernels alike whether or not its
 // operands require grad. ATen's matmul reads requires_grad in two places:
 // should_fold (a matrix or vector operand that requires grad folds the
 // batched one into one product; without it, a batched right operand under
 // a matrix stays batched, and a batched left one folds only where its
-// leading dimensions allow a view), and two 3-d operands of different batch
+// leading dimensions view as one), and two 3-d operands of different batch
 // sizes, where one of batch 1 that requires grad is squeezed first.
 inline bool matmulSameChoice(const at::Tensor& a, const at::Tensor& b) {
   const int64_t da = a.dim();
   const int64_t db = b.dim();
   if (da >= 3 && db <= 2) {
-    return !b.requires_grad() || a.is_contiguous();
+    return !b.requires_grad() || foldsToMatrix(a);
   }
   if (da <= 2 && db >= 3) {
     return !a.requires_grad();
@@ -131,8 +147,13 @@ inline bool matmulSameChoice(const at::Tensor& a, const at::Tensor& b) {
   return true;
 }
 
+// The ops whose requires_grad reads are matmul's: matmul, and linear,
+// which calls matmul(input, weight.t()) (its fused path for a bias reads
+// none). Other ops: where an argument requires grad, every tensor of 3 or
+// more dimensions must be contiguous.
 template <class Op>
 struct MatmulChoice {
+  static constexpr bool kKnown = false;
   template <class... A>
   static bool same(const A&...) {
     return true;
@@ -141,24 +162,36 @@ struct MatmulChoice {
 
 template <>
 struct MatmulChoice<at::_ops::matmul> {
+  static constexpr bool kKnown = true;
   static bool same(const at::Tensor& a, const at::Tensor& b) {
     return matmulSameChoice(a, b);
   }
 };
 
+template <>
+struct MatmulChoice<at::_ops::linear> {
+  static constexpr bool kKnown = true;
+  static bool same(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>&) {
+    return matmulSameChoice(input, weight);
+  }
+};
+
 // Whether the native composite, on aliases without requires_grad, would
-// choose as it does on tensors with it. linear reaches matmul with its
-// input first and the weight, a matrix, second: batched inputs fold alike
-// where they are contiguous.
+// choose as it does on tensors with it.
 template <class Op, class... A>
 C10_ALWAYS_INLINE bool sameChoiceWithoutGradState(const std::remove_reference_t<A>&... args) {
   const auto requires_grad = [](const at::Tensor& t) { return t.requires_grad(); };
   if (!(tensorWhere<A>(args, requires_grad) || ...)) {
     return true;
   }
+  if (ReadsRequiresGradAlways<Op>::value) {
+    return false;
+  }
+  if constexpr (MatmulChoice<Op>::kKnown) {
+    return MatmulChoice<Op>::same(args...);
+  }
   const auto batched_non_contiguous = [](const at::Tensor& t) { return t.dim() >= 3 && !t.is_contiguous(); };
-  return !ReadsRequiresGradAlways<Op>::value && MatmulChoice<Op>::same(args...) &&
-      !(tensorWhere<A>(args, batched_non_contiguous) || ...);
+  return !(tensorWhere<A>(args, batched_non_contiguous) || ...);
 }
 
 // How a call that cannot run whole decomposes: the op's composite kernel,
@@ -201,8 +234,12 @@ struct WholeKernel<Op, Slot, Decompose, R(A...)> {
   static R call(c10::DispatchKeySet keys, A... args) {
     const bool grad_mode = c10::GradMode::is_enabled();
     const c10::DispatchKeySet plain = plainFlagosKeys();
+    // A Python dispatch mode (make_fx, a logging mode) sees the ops a
+    // composite decomposes into, on flagos tensors, as natively; whole, it
+    // saw the native kernel's inner calls on native aliases.
     if ((whole::plainArgument<A>(args, grad_mode, plain) && ...) && whole::Condition<Op>::holds(args...) &&
-        whole::sameChoiceWithoutGradState<Op, A...>(args...) && detail::wholeCallsOn()) {
+        whole::sameChoiceWithoutGradState<Op, A...>(args...) && detail::wholeCallsOn() &&
+        !c10::impl::dispatch_mode_enabled()) {
       return Routed::call(keys, std::forward<A>(args)...);
     }
     return whole::Decomposition<Op, Decompose>::call(std::forward<A>(args)...);
