@@ -506,3 +506,25 @@ def test_legacy_tensor_types_as_torch_cuda_has_them():
         torch.flagos.FloatTensor(x.long())
     with pytest.raises(RuntimeError, match="makes flagos tensors, not tensors on cpu"):
         torch.flagos.FloatTensor(2, device="cpu")
+
+
+def test_a_library_op_that_writes_a_saved_tensor_is_caught_at_backward():
+    # An operator defined outside ATen has no ADInplaceOrView kernel: its
+    # kernel's own writes move the tensor's version natively. On flagos they
+    # moved the native alias's, and backward ran on the changed tensor.
+    library = torch.library.Library("flagos_test_writes", "DEF")
+    try:
+        library.define("double_(Tensor(a!) x) -> Tensor(a!)")
+        library.impl("double_", lambda t: t.mul_(2), "CPU")
+        for device in ("cpu", "flagos"):
+            w = torch.ones(3, device=device, requires_grad=True)
+            a = w * 1
+            y = (a * a).sum()
+            before = a._version
+            with torch.no_grad():
+                torch.ops.flagos_test_writes.double_(a)
+            assert a._version == before + 1, device
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                y.backward()
+    finally:
+        library._destroy()

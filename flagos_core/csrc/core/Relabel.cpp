@@ -207,9 +207,30 @@ void RelabelProvider::call(
     }
     v = rt.nativeGenerator(v.isGenerator() ? v.toGenerator() : rt.defaultGenerator(index));
   }
+  // An operator outside ATen that writes its arguments (a torch.library
+  // op) has no ADInplaceOrView kernel: natively its tensors' versions move
+  // with the writes its kernel makes inside, which here reach the aliases.
+  // They are carried over, so autograd still catches a saved tensor written.
+  c10::SmallVector<uint32_t, 4> versions;
+  const bool carries_versions = info.writes && op.operator_name().name.rfind("aten::", 0) != 0;
+  if (carries_versions) {
+    for (const detail::Alias& a : state.aliases) {
+      versions.push_back(a.native->version_counter().enabled() ? a.native->version_counter().current_version() : 0);
+    }
+  }
   {
     NativeScope scope(*this, index);
     op.redispatchBoxed(c.native_keys, stack);
+  }
+  if (carries_versions) {
+    for (size_t i = 0; i < versions.size(); ++i) {
+      const detail::Alias& a = state.aliases[i];
+      if (a.native->version_counter().enabled()) {
+        for (uint32_t v = versions[i]; v < a.native->version_counter().current_version(); ++v) {
+          a.original->bump_version();
+        }
+      }
+    }
   }
 
   for (auto& [flagos, native] : storage_args) {
