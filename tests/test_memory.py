@@ -166,6 +166,17 @@ def test_device_argument_forms(clean):
     del x
 
 
+@pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="the host allocator's check")
+def test_torch_accelerator_names_an_invalid_device_as_torch_flagos_does():
+    # torch.accelerator's memory calls reach the allocator directly; it said
+    # "no host device 5" where every other call names the valid devices.
+    bad = torch.flagos.device_count()
+    for call in (torch.accelerator.memory_allocated, torch.accelerator.memory_stats,
+                 torch.accelerator.reset_peak_memory_stats, torch.flagos.memory_allocated):
+        with pytest.raises(RuntimeError, match=f"flagos:{bad} is not a valid device: the host runtime has"):
+            call(bad)
+
+
 def _delta(fn):
     before = torch.flagos.memory_allocated()
     out = fn()

@@ -162,14 +162,20 @@ HostCachingAllocator::HostCachingAllocator(
 HostCachingAllocator::~HostCachingAllocator() = default;
 
 
+void HostCachingAllocator::invalidDevice(c10::DeviceIndex index) const {
+  const int count = static_cast<int>(pools_.size());
+  TORCH_CHECK(
+      false, "flagos:", static_cast<int>(index), " is not a valid device: the host runtime has ", count,
+      " flagos device(s), flagos:0 to flagos:", count - 1);
+}
+
 c10::DataPtr HostCachingAllocator::allocate(size_t nbytes) {
   const c10::DeviceIndex index = current_device_();
   return allocateOn(nbytes, index, c10::Device(c10::DeviceType::PrivateUse1, index));
 }
 
 c10::DataPtr HostCachingAllocator::allocateOn(size_t nbytes, c10::DeviceIndex index, c10::Device label) {
-  TORCH_CHECK(
-      index >= 0 && static_cast<size_t>(index) < pools_.size(), "flagos: no host device ", static_cast<int>(index));
+  checkDevice(index);
   if (nbytes == 0) {
     return c10::DataPtr(nullptr, label);
   }
@@ -223,7 +229,7 @@ void HostCachingAllocator::emptyCache(c10::MempoolId_t /*pool*/) {
 }
 
 DeviceStats HostCachingAllocator::getDeviceStats(c10::DeviceIndex index) {
-  TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < pools_.size(), "flagos: no host device ", static_cast<int>(index));
+  checkDevice(index);
   std::lock_guard<std::mutex> lock(pools_[index]->mutex);
   DeviceStats stats = pools_[index]->stats;
   // A block is active exactly while it is allocated (no split blocks, no
@@ -234,7 +240,7 @@ DeviceStats HostCachingAllocator::getDeviceStats(c10::DeviceIndex index) {
 }
 
 void HostCachingAllocator::resetAccumulatedStats(c10::DeviceIndex index) {
-  TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < pools_.size(), "flagos: no host device ", static_cast<int>(index));
+  checkDevice(index);
   std::lock_guard<std::mutex> lock(pools_[index]->mutex);
   auto reset = [](c10::CachingDeviceAllocator::StatArray& stats) {
     for (auto& s : stats) {
@@ -254,7 +260,7 @@ void HostCachingAllocator::resetAccumulatedStats(c10::DeviceIndex index) {
 }
 
 void HostCachingAllocator::resetPeakStats(c10::DeviceIndex index) {
-  TORCH_CHECK(index >= 0 && static_cast<size_t>(index) < pools_.size(), "flagos: no host device ", static_cast<int>(index));
+  checkDevice(index);
   std::lock_guard<std::mutex> lock(pools_[index]->mutex);
   DeviceStats& s = pools_[index]->stats;
   for (auto* a : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {

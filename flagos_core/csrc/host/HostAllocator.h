@@ -50,6 +50,15 @@ class HostCachingAllocator final : public c10::DeviceAllocator {
   struct Pool;
 
  private:
+  // The runtime's error for a device index with no pool (torch.accelerator's
+  // memory calls reach the allocator without the runtime's own check).
+  void checkDevice(c10::DeviceIndex index) const {
+    if (C10_UNLIKELY(index < 0 || static_cast<size_t>(index) >= pools_.size())) {
+      invalidDevice(index);
+    }
+  }
+  [[noreturn]] void invalidDevice(c10::DeviceIndex index) const;
+
   std::vector<std::unique_ptr<Pool>> pools_;
   std::function<c10::DeviceIndex()> current_device_;
 };
