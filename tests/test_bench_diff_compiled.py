@@ -28,7 +28,11 @@ def test_a_difference_is_shown_as_a_unified_diff(capsys):
 
 
 @pytest.mark.skipif(flagos_core.runtime()["name"] != "host", reason="the GPU check runs it against the GPU")
-def test_a_compiled_tiny_qwen3_is_cpus_on_the_host_runtime(tmp_path, capsys):
+def test_a_compiled_tiny_qwen3_is_cpus_on_the_host_runtime(tmp_path, capsys, monkeypatch):
+    # One thread in each side's process: inductor's CPU code for the
+    # embedding's backward adds across threads in whatever order they come
+    # (a whole-suite run once saw the two sides' parameters differ).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert diff_compiled.main(["--size", "tiny", "--steps", "1", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "graph: 2 on cpu, 2 on flagos" in out and "code: 2 on cpu, 2 on flagos" in out
