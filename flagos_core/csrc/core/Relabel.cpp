@@ -32,7 +32,11 @@ c10::IValue convertResult(c10::IValue value, CallState& state, c10::DeviceIndex 
 
 void detail::NativeAutocast::enter() {
   const c10::DeviceType native = activeRuntime().nativeDeviceType();
-  const bool on = at::autocast::is_autocast_enabled(c10::DeviceType::PrivateUse1);
+  // Switched on only where the native device is the CPU (the host runtime):
+  // torch's transformer layers check CUDA's autocast alone before taking
+  // their fast path, so native CUDA never runs that kernel under autocast,
+  // and CUDA's kernel fails on the mixed dtypes its inner casts give.
+  const bool on = at::autocast::is_autocast_enabled(c10::DeviceType::PrivateUse1) && native == c10::DeviceType::CPU;
   const bool native_on = at::autocast::is_autocast_enabled(native);
   const at::ScalarType dtype = at::autocast::get_autocast_dtype(c10::DeviceType::PrivateUse1);
   const at::ScalarType native_dtype = at::autocast::get_autocast_dtype(native);

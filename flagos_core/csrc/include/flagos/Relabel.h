@@ -96,13 +96,13 @@ class FLAGOS_API RelabelProvider : public KernelProvider {
 namespace detail {
 
 // While a flagos call runs native kernels, the native device's autocast is
-// flagos's: on, with flagos's dtype, exactly where torch.autocast("flagos")
-// is on for the call. A native kernel that calls autocast-listed ops
-// without being listed itself (the transformer fast path) then casts them
-// as natively; and torch.autocast("cpu") (or "cuda") around flagos code
-// casts nothing inside flagos's calls, as it casts no other device's
-// tensors. With autocast off everywhere (one thread-local read), nothing
-// changes.
+// off, so torch.autocast("cpu") (or "cuda") around flagos code casts
+// nothing inside flagos's calls, as it casts no other device's tensors; on
+// the host runtime it is flagos's (on, with flagos's dtype, where
+// torch.autocast("flagos") is on for the call), so a native kernel that
+// calls autocast-listed ops without being listed itself (the transformer
+// fast path) casts them as natively. With autocast off everywhere (one
+// thread-local read), nothing changes.
 class FLAGOS_API NativeAutocast {
  public:
   NativeAutocast() {
