@@ -87,16 +87,6 @@ struct Condition<at::_ops::scaled_dot_product_attention> {
   }
 };
 
-// PyTorch's composites read requires_grad outside grad mode too, and native
-// aliases carry no autograd state. Where an argument requires grad the call
-// runs whole only where the choice cannot differ (matmulSameChoice, below,
-// for matmul and linear; other ops: every batched tensor contiguous). SDPA's backend checks read requires_grad as
-// well: there, none may require it.
-template <class Op>
-struct ReadsRequiresGradAlways : std::false_type {};
-template <>
-struct ReadsRequiresGradAlways<at::_ops::scaled_dot_product_attention> : std::true_type {};
-
 // Whether argument `arg` is a defined tensor (or optional tensor) for which
 // `test` holds; false for other arguments.
 template <class T, class Test>
@@ -147,30 +137,40 @@ inline bool matmulSameChoice(const at::Tensor& a, const at::Tensor& b) {
   return true;
 }
 
-// The ops whose requires_grad reads are matmul's: matmul, and linear,
-// which calls matmul(input, weight.t()) (its fused path for a bias reads
-// none). Other ops: where an argument requires grad, every tensor of 3 or
-// more dimensions must be contiguous.
+// PyTorch's composites read requires_grad outside grad mode too, and native
+// aliases carry no autograd state. Where an argument requires grad, a call
+// runs whole only where the op's choice cannot differ without it:
+// GradStateChoice<Op>::same says where. By default, every tensor of 3 or
+// more dimensions contiguous.
 template <class Op>
-struct MatmulChoice {
-  static constexpr bool kKnown = false;
-  template <class... A>
-  static bool same(const A&...) {
-    return true;
+struct GradStateChoice {
+  template <class... T>
+  static bool same(const T&... args) {
+    const auto batched_non_contiguous = [](const at::Tensor& t) { return t.dim() >= 3 && !t.is_contiguous(); };
+    return !(tensorWhere<T>(args, batched_non_contiguous) || ...);
+  }
+};
+
+// SDPA's backend checks read requires_grad: none may require it.
+template <>
+struct GradStateChoice<at::_ops::scaled_dot_product_attention> {
+  template <class... T>
+  static bool same(const T&...) {
+    return false;
   }
 };
 
 template <>
-struct MatmulChoice<at::_ops::matmul> {
-  static constexpr bool kKnown = true;
+struct GradStateChoice<at::_ops::matmul> {
   static bool same(const at::Tensor& a, const at::Tensor& b) {
     return matmulSameChoice(a, b);
   }
 };
 
+// linear calls matmul(input, weight.t()) (its fused path for a bias reads
+// no requires_grad).
 template <>
-struct MatmulChoice<at::_ops::linear> {
-  static constexpr bool kKnown = true;
+struct GradStateChoice<at::_ops::linear> {
   static bool same(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>&) {
     return matmulSameChoice(input, weight);
   }
@@ -181,17 +181,7 @@ struct MatmulChoice<at::_ops::linear> {
 template <class Op, class... A>
 C10_ALWAYS_INLINE bool sameChoiceWithoutGradState(const std::remove_reference_t<A>&... args) {
   const auto requires_grad = [](const at::Tensor& t) { return t.requires_grad(); };
-  if (!(tensorWhere<A>(args, requires_grad) || ...)) {
-    return true;
-  }
-  if (ReadsRequiresGradAlways<Op>::value) {
-    return false;
-  }
-  if constexpr (MatmulChoice<Op>::kKnown) {
-    return MatmulChoice<Op>::same(args...);
-  }
-  const auto batched_non_contiguous = [](const at::Tensor& t) { return t.dim() >= 3 && !t.is_contiguous(); };
-  return !(tensorWhere<A>(args, batched_non_contiguous) || ...);
+  return !(tensorWhere<A>(args, requires_grad) || ...) || GradStateChoice<Op>::same(args...);
 }
 
 // How a call that cannot run whole decomposes: the op's composite kernel,
